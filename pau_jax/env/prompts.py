@@ -1,0 +1,111 @@
+"""Prompts of the PAU protocol, shared by evaluation and training (one versioned source).
+
+Each phase of the three-phase loop has one builder returning chat messages
+(`[{"role": ..., "content": ...}]`). Builders are pure functions of an
+`EpisodeView`: what the agent may see at that moment.
+"""
+
+import dataclasses
+
+PROMPT_VERSION = "pau-v1"
+
+SYSTEM = (
+    "You are probing an unknown Python function to work out exactly what it does. "
+    "You cannot see its source code. You can only call it with inputs of your choice "
+    "and observe what it returns (or which exception it raises). Explore like a "
+    "scientist: form a hypothesis, choose inputs that could prove it wrong "
+    "(edge cases, boundaries, empty values, unusual types), and revise it."
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Observation:
+    """One call the agent made: the call as shown, and its displayed result."""
+
+    call: str
+    result: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpisodeView:
+    """Everything a prompt may show.
+
+    Attributes:
+      header: the anonymised signature, e.g. `def test_func(arg0, arg1):`.
+      examples: the shown examples as observations.
+      observations: the agent's own calls so far (already windowed).
+      hypothesis: the current hypothesis ('' before the first revision).
+      reasoning: the conceptualisation text of the current step ('' if none).
+      calls_left: calls remaining in the budget.
+    """
+
+    header: str
+    examples: tuple[Observation, ...]
+    observations: tuple[Observation, ...] = ()
+    hypothesis: str = ""
+    reasoning: str = ""
+    calls_left: int = 0
+
+
+def _format_observations(items: tuple[Observation, ...]) -> str:
+    return "\n".join(f"{o.call} -> {o.result}" for o in items) or "(none yet)"
+
+
+def _context(view: EpisodeView) -> str:
+    parts = [
+        f"Function header:\n{view.header}",
+        f"Examples given to you:\n{_format_observations(view.examples)}",
+        f"Your calls so far:\n{_format_observations(view.observations)}",
+        f"Current hypothesis:\n{view.hypothesis or '(none yet)'}",
+        f"Calls left: {view.calls_left}",
+    ]
+    return "\n\n".join(parts)
+
+
+def conceptualize_messages(view: EpisodeView) -> list[dict]:
+    """Phase 1: reason about the most informative next input."""
+    user = (
+        f"{_context(view)}\n\n"
+        "Think about which input would be most informative next: one whose output "
+        "could confirm or refute the current hypothesis, or reveal behaviour you have "
+        "not seen. Explain your reasoning briefly and end by describing the input you "
+        "will try. Do not write the call itself yet."
+    )
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def generate_messages(view: EpisodeView) -> list[dict]:
+    """Phase 2: write the argument tuple as Python literals."""
+    user = (
+        f"{_context(view)}\n\n"
+        f"Your plan for the next input:\n{view.reasoning or '(none)'}\n\n"
+        "Now write the arguments for the next call as a Python tuple of literals, in a "
+        "fenced block, and nothing else. For example:\n```\n(3, 'abc', [1, 2])\n```\n"
+        "For a function with one argument, write just that value, e.g. ```[1, 2, 3]```."
+    )
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def revise_messages(view: EpisodeView) -> list[dict]:
+    """Phase 3: revise the hypothesis and decide whether to continue."""
+    user = (
+        f"{_context(view)}\n\n"
+        "Revise your hypothesis so that it explains every observation above. Describe "
+        "what the function computes, precisely and completely, including edge cases and "
+        "errors. Then decide whether you are confident enough to stop.\n"
+        "Answer in exactly this format:\n"
+        "Hypothesis: <your description of the function>\n"
+        "Decision: CONTINUE or STOP"
+    )
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def in_context_messages(view: EpisodeView) -> list[dict]:
+    """In-context mode: describe the function from the header and the examples alone."""
+    user = (
+        f"Function header:\n{view.header}\n\n"
+        f"Examples:\n{_format_observations(view.examples)}\n\n"
+        "Describe what the function computes, precisely and completely.\n"
+        "Answer in this format:\nDescription: <your description of the function>"
+    )
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]

@@ -1,0 +1,1 @@
+"""Evaluation: the batched episode runner (scoring, metrics and reports build on its records)."""

@@ -1,0 +1,103 @@
+"""The functions gin binds, one per run mode; wiring only, no algorithms here."""
+
+import json
+import pathlib
+import time
+
+from pau_jax.env.episode import EpisodeConfig
+from pau_jax.policy.local import SamplingConfig
+
+
+_REGISTERED = []
+
+
+def register_configurables() -> None:
+    """Makes the entry functions and config dataclasses known to gin (called by launch only)."""
+    if _REGISTERED:
+        return
+    import gin
+
+    from pau_jax.models import qwen3
+
+    for cls, module in (
+        (qwen3.Qwen3Config, "pau_jax.models.qwen3"),
+        (EpisodeConfig, "pau_jax.env.episode"),
+        (SamplingConfig, "pau_jax.policy.local"),
+    ):
+        gin.external_configurable(cls, module=module)
+    gin.external_configurable(smoke_run, module="pau_jax.experiment")
+    _REGISTERED.append(True)
+
+
+def smoke_run(
+    *,
+    run_dir: str,
+    model_config,
+    seed: int = 0,
+    lora_rank: int = 4,
+    lora_alpha: float = 4.0,
+    sampling: SamplingConfig = SamplingConfig(max_new_tokens=32, temperature=1.0),
+    episode_config: EpisodeConfig = EpisodeConfig(call_budget=2),
+    sandbox_workers: int = 2,
+) -> dict:
+    """End to end on the CPU with no downloads: checkpoint -> load -> LoRA -> PAU episodes.
+
+    1. creates a random Qwen3 with `model_config` and writes it, with the real
+       offline Qwen3 tokenizer, as a Hugging Face checkpoint directory;
+    2. loads that directory back (`load_hf`, `load_tokenizer`) and adds LoRA;
+    3. runs the embedded demo tasks as batched PAU episodes (local JAX policy,
+       sandboxed calls), writing trajectories to `episodes.jsonl`;
+    4. exports the adapter in PEFT format and writes `summary.json`.
+    """
+    from flax import nnx
+
+    from pau_jax import demo_tasks
+    from pau_jax.evaluation import runner
+    from pau_jax.models import lora, qwen3
+    from pau_jax.policy.local import LocalPolicy
+    from pau_jax.sandbox import Executor
+    from pau_jax.tokenizer import load_tokenizer, save_offline_tokenizer
+
+    out = pathlib.Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+
+    # Checkpoint: a random model in the Hugging Face layout, with the real tokenizer.
+    checkpoint = out / "checkpoint"
+    if not (checkpoint / "config.json").exists():
+        fresh = qwen3.Qwen3ForCausalLM(model_config, rngs=nnx.Rngs(seed))
+        qwen3.save_hf(fresh, model_config, checkpoint)
+        save_offline_tokenizer(checkpoint)
+        del fresh
+    print(f"[smoke] checkpoint: {checkpoint}", flush=True)
+
+    # Load it back the way a real checkpoint is loaded, then adapt.
+    model, config = qwen3.load_hf(checkpoint, dtype="float32")
+    tokenizer = load_tokenizer(checkpoint)
+    n_adapted = lora.apply_lora(model, rank=lora_rank, alpha=lora_alpha)
+    print(f"[smoke] loaded {config.num_hidden_layers}-layer model; LoRA on {n_adapted} modules")
+
+    policy = LocalPolicy(model, tokenizer, sampling)
+    with Executor(workers=sandbox_workers) as executor:
+        specs = demo_tasks.demo_specs(executor, episode_config)
+        records = runner.run_episodes(
+            specs, policy, executor, episode_config, out_path=out / "episodes.jsonl"
+        )
+    lora.export_peft(model, out / "adapter")
+
+    all_records = runner.load_records(out / "episodes.jsonl")
+    steps = [s for r in all_records for s in r["steps"]]
+    summary = {
+        "episodes": len(all_records),
+        "episodes_run_now": len(records),
+        "calls": sum(r["n_calls"] for r in all_records),
+        "steps": len(steps),
+        "parse_ok_fraction": sum(s["parse_ok"] for s in steps) / max(len(steps), 1),
+        "stopped_by_agent": sum(r["stopped_by_agent"] for r in all_records),
+        "lora_modules": n_adapted,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print("[smoke] " + ", ".join(f"{k}={v}" for k, v in summary.items()))
+    print(f"[smoke] trajectories: {out / 'episodes.jsonl'}; adapter: {out / 'adapter'}")
+    return summary

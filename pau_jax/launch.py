@@ -1,0 +1,135 @@
+"""Command-line entry point: flags, gin parsing, run directory, dispatch by run mode.
+
+Usage:
+  python -m pau_jax.launch --gin_file=quickstart.gin
+  python -m pau_jax.launch --gin_file=quickstart.gin --gin.smoke_run.max_new_tokens=32
+  python -m pau_jax.launch --gin_file=quickstart.gin --dry_run   # parse and print the config only
+
+Gin files are looked up in the current directory, then in the repository's `gin/`
+folder. The operative configuration, the git commit and the package versions are
+written into the run directory before anything else happens.
+"""
+
+import importlib.util  # noqa: F401  (gin-config 0.5.0 needs it imported before parsing includes)
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+from absl import app, flags, logging
+
+GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
+RUN_MODES = ("smoke",)
+
+_GIN_FILES = flags.DEFINE_multi_string(
+    "gin_file", [], "Gin files, parsed in order (later files override earlier ones)."
+)
+_GIN_BINDINGS = flags.DEFINE_multi_string(
+    "gin_bindings", [], "Individual gin bindings, applied after the files."
+)
+_RUN_MODE = flags.DEFINE_enum("run_mode", "smoke", RUN_MODES, "What to run.")
+_RUN_DIR = flags.DEFINE_string(
+    "run_dir", None, "Output directory; default runs/<run_mode>-<timestamp>."
+)
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Parse the configuration, print it and exit.")
+
+_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
+
+
+def _split_gin_dot_flags(argv):
+    """Turns `--gin.X=V` arguments into gin bindings `X = V`; returns (rest, bindings)."""
+    rest, bindings = [], []
+    for arg in argv:
+        if arg.startswith("--gin.") and "=" in arg:
+            key, value = arg[len("--gin.") :].split("=", 1)
+            bindings.append(f"{key} = {value}")
+        else:
+            rest.append(arg)
+    return rest, bindings
+
+
+def _resolve_gin_file(name: str) -> str:
+    for candidate in (pathlib.Path(name), GIN_DIR / name):
+        if candidate.is_file():
+            return str(candidate)
+    raise app.UsageError(
+        f"gin file {name!r} not found in the current directory or in {GIN_DIR}; "
+        "pass a path or a name relative to gin/ (e.g. --gin_file=quickstart.gin)"
+    )
+
+
+def _record_run(run_dir: pathlib.Path, gin_text: str) -> None:
+    """Writes what ran: config, commit, versions, command line, host."""
+    from importlib import metadata
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.gin").write_text(gin_text)
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(GIN_DIR.parent), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    if len(commit) != 40:
+        commit = ""  # Not a git checkout, or no commit yet.
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    info = {
+        "argv": sys.argv,
+        "git_commit": commit or None,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "packages": versions,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (run_dir / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def main(argv):
+    import gin
+
+    from pau_jax import experiment
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    experiment.register_configurables()
+    gin.add_config_file_search_path(str(GIN_DIR))
+    gin.add_config_file_search_path(os.getcwd())
+    files = [_resolve_gin_file(f) for f in _GIN_FILES.value]
+    bindings = list(_GIN_BINDINGS.value) + _EXTRA_BINDINGS
+    gin.parse_config_files_and_bindings(files, bindings, finalize_config=True)
+    mode = _RUN_MODE.value
+    run_dir = pathlib.Path(_RUN_DIR.value or f"runs/{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if _DRY_RUN.value:
+        print(gin.config_str())
+        return
+    _record_run(run_dir, gin.config_str())
+    logging.info("run directory: %s", run_dir)
+    entry = gin.get_configurable({"smoke": "pau_jax.experiment.smoke_run"}[mode])
+    entry(run_dir=str(run_dir))
+    # The operative config lists only what was actually used; write it after the run.
+    (run_dir / "operative_config.gin").write_text(gin.operative_config_str())
+
+
+_EXTRA_BINDINGS: list[str] = []
+
+
+def run():
+    argv, extra = _split_gin_dot_flags(sys.argv)
+    _EXTRA_BINDINGS.extend(extra)
+    sys.argv[:] = argv
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

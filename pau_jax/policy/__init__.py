@@ -1,0 +1,15 @@
+"""Policy backends: anything that turns a batch of chat conversations into replies.
+
+The seam is `Policy`: `policy(conversations) -> texts`, one reply per
+conversation, in order. Backends: `local.LocalPolicy` (the JAX sampler over a
+Qwen3 checkpoint, optionally with LoRA).
+"""
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class Policy(Protocol):
+    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
+        """Returns one reply text per conversation (a list of {"role", "content"} messages)."""
+        ...

@@ -1,0 +1,87 @@
+"""A policy backed by the JAX sampler over a local model and its tokenizer."""
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from pau_jax.sampling import generate
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """How replies are sampled.
+
+    Attributes:
+      max_new_tokens: token budget of one reply.
+      temperature: 0 for greedy.
+      top_k: 0 for no limit.
+      top_p: 1 for no limit.
+      seed: base seed; call n of a policy uses seed + n, so a run is reproducible.
+      enable_thinking: passed to the chat template (Qwen3's thinking switch).
+    """
+
+    max_new_tokens: int = 512
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    enable_thinking: bool = False
+
+
+class LocalPolicy:
+    """Renders conversations with the tokenizer's chat template and samples replies.
+
+    Stops at `<|im_end|>` / `<|endoftext|>` (whichever the tokenizer has, plus its
+    eos). Replies are decoded without special tokens. Statistics of the last call
+    (tokens generated, seconds) are kept in `last_stats`.
+    """
+
+    def __init__(self, model, tokenizer, sampling: SamplingConfig = SamplingConfig()):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self._calls = 0
+        self.last_stats: dict[str, float] = {}
+        stop = {tokenizer.eos_token_id}
+        for token in ("<|im_end|>", "<|endoftext|>"):
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+                stop.add(token_id)
+        self.stop_token_ids = tuple(sorted(t for t in stop if t is not None))
+
+    def encode(self, conversation: Sequence[dict]) -> list[int]:
+        """Token ids of the prompt for one conversation (generation prompt appended)."""
+        ids = self.tokenizer.apply_chat_template(
+            list(conversation),
+            add_generation_prompt=True,
+            tokenize=True,
+            enable_thinking=self.sampling.enable_thinking,
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
+        if not conversations:
+            return []
+        prompts = [self.encode(c) for c in conversations]
+        s = self.sampling
+        out = generate(
+            self.model,
+            prompts,
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            stop_token_ids=self.stop_token_ids,
+            seed=s.seed + self._calls,
+        )
+        self._calls += 1
+        self.last_stats = {
+            "prompt_tokens": float(sum(len(p) for p in prompts)),
+            "generated_tokens": float(np.sum(out.lengths)),
+            "prefill_seconds": out.prefill_seconds,
+            "decode_seconds": out.decode_seconds,
+        }
+        return [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in out.tokens]

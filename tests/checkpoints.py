@@ -1,0 +1,42 @@
+"""Tiny random Hugging Face checkpoints for tests (built with transformers + PyTorch CPU)."""
+
+import pathlib
+
+TINY_QWEN3 = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+
+
+def make_tiny_qwen3(directory, *, seed: int = 0, **overrides):
+    """Saves a random `Qwen3ForCausalLM` with `save_pretrained`; returns (path, torch model).
+
+    Args:
+      directory: where to write `config.json` and `model.safetensors`.
+      seed: torch seed for the random weights.
+      **overrides: fields replacing those of `TINY_QWEN3`.
+    """
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    fields = dict(TINY_QWEN3, **overrides)
+    config = Qwen3Config(**fields)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    # Random init leaves norms at 1.0; perturb them so the tests see their effect.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(0.1 * torch.randn_like(param))
+    path = pathlib.Path(directory)
+    model.save_pretrained(path)
+    return path, model

@@ -1,0 +1,5 @@
+"""Test-wide settings: JAX on the CPU in float32."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")

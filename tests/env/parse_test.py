@@ -1,0 +1,76 @@
+"""Table tests for the phase-output parsers."""
+
+import pytest
+
+from pau_jax.env import parse
+
+INPUT_CASES = [
+    # (model output, ok, extracted argument text)
+    ("```\n(1, 'a')\n```", True, "(1, 'a')"),
+    ("```python\n([1, 2, 3],)\n```", True, "([1, 2, 3],)"),
+    ("<think>try (0, 0) first?</think>\n```\n(5, 7)\n```", True, "(5, 7)"),
+    ("I will try this.\n```\n(1, 2)\n```\nActually better:\n```py\n(3, 4)\n```", True, "(3, 4)"),
+    ("Input: (2, 'xyz')", True, "(2, 'xyz')"),
+    ("Some words first.\n**Input:** `[1, 2]`", True, "[1, 2]"),
+    ("[1, 2, 3]", True, "[1, 2, 3]"),
+    ("`'hello'`", True, "'hello'"),
+    ("", False, ""),
+    ("<think>only thinking, never answered", False, ""),
+    ("I think we should try\nsomething bigger\nlike a long list", False, ""),
+]
+
+
+@pytest.mark.parametrize("text,ok,args_text", INPUT_CASES)
+def test_extract_input(text, ok, args_text):
+    got = parse.extract_input(text)
+    assert got.ok == ok
+    if ok:
+        assert got.args_text == args_text
+    else:
+        assert got.reason
+
+
+REVISION_CASES = [
+    # (model output, ok, hypothesis, stop)
+    ("Hypothesis: returns the sum of a and b.\nDecision: STOP", True, "returns the sum of a and b.", True),
+    ("Hypothesis: sorts the list\nDecision: CONTINUE", True, "sorts the list", False),
+    (
+        "<think>Maybe it is reversing. STOP? no.</think>Hypothesis: reverses a string\nDecision: continue",
+        True,
+        "reverses a string",
+        False,
+    ),
+    ("**Hypothesis:** doubles x\n**Decision:** STOP", True, "doubles x", True),
+    ("It doubles its input.\nSTOP", True, "It doubles its input.", True),
+    ("Hypothesis: doubles x", False, "doubles x", False),
+    ("Decision: STOP", False, "", True),
+    (
+        "Hypothesis: counts vowels (CONTINUE was my first plan)\nDecision: STOP",
+        True,
+        "counts vowels (CONTINUE was my first plan)",
+        True,
+    ),
+    ("Revised hypothesis: squares n\nDecision: STOP\nThanks!", True, "squares n", True),
+]
+
+
+@pytest.mark.parametrize("text,ok,hypothesis,stop", REVISION_CASES)
+def test_parse_revision(text, ok, hypothesis, stop):
+    got = parse.parse_revision(text)
+    assert got.ok == ok, got
+    assert got.hypothesis == hypothesis
+    if ok or got.reason == "empty hypothesis":
+        assert got.stop == stop
+    if not ok:
+        assert got.reason
+
+
+def test_strip_think_removes_blocks_and_open_tail():
+    assert parse.strip_think("<think>a</think>b<think>c</think>d") == "bd"
+    assert parse.strip_think("x <think> unfinished") == "x"
+    assert parse.strip_think("</think>answer") == "answer"
+
+
+def test_parse_description():
+    assert parse.parse_description("<think>hmm</think>Description: adds one") == "adds one"
+    assert parse.parse_description("adds one to x") == "adds one to x"

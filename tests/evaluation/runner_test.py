@@ -1,0 +1,124 @@
+"""The batched episode runner over the real sandbox, driven by scripted policies."""
+
+import json
+
+import pytest
+
+from pau_jax import demo_tasks
+from pau_jax.env import episode
+from pau_jax.env.episode import EpisodeConfig
+from pau_jax.evaluation import runner
+from pau_jax.sandbox import Executor
+
+# Inputs a scripted prober tries, per task, in order.
+PROBES = {
+    "demo/affine": ["(4, 5)", "(-1, 3)", "(10, 0)"],
+    "demo/vowels": ["'queue'", "''", "'AEIOU'"],
+    "demo/runs": ["'aaa'", "''", "'abba'"],
+    "demo/sorted": ["[]", "[5, 5, 1]", "[1, 2, 3]"],
+}
+
+
+class ScriptedPolicy:
+    """Answers each phase from a fixed script keyed by the task's header and call count."""
+
+    def __init__(self, stop_after=2):
+        self.stop_after = stop_after
+        self.batch_sizes = []
+
+    def __call__(self, conversations):
+        self.batch_sizes.append(len(conversations))
+        return [self._reply(c[-1]["content"]) for c in conversations]
+
+    def _reply(self, content):
+        task_id = next(t for t, *_ in demo_tasks.DEMO_TASKS if _examples_key(t) in content)
+        done = content.count(" -> ") - 2  # observations shown beyond the two examples
+        if "Now write the arguments" in content:
+            return "```\n" + PROBES[task_id][done] + "\n```"
+        if "Revise your hypothesis" in content:
+            decision = "STOP" if done >= self.stop_after else "CONTINUE"
+            return f"Hypothesis: {task_id} after {done} calls\nDecision: {decision}"
+        return f"I will probe {task_id} further."
+
+
+def _examples_key(task_id):
+    return {
+        "demo/affine": "test_func(2, 3) -> 7",
+        "demo/vowels": "test_func('hello') -> 2",
+        "demo/runs": "test_func('aab') -> [('a', 2), ('b', 1)]",
+        "demo/sorted": "test_func([1, 2, 2]) -> True",
+    }[task_id]
+
+
+@pytest.fixture(scope="module")
+def executor():
+    with Executor(workers=2) as ex:
+        yield ex
+
+
+@pytest.fixture(scope="module")
+def specs(executor):
+    return demo_tasks.demo_specs(executor, EpisodeConfig())
+
+
+def _strip_timing(records):
+    return sorted(({k: v for k, v in r.items() if k != "seconds"} for r in records), key=lambda r: r["task_id"])
+
+
+def test_episodes_run_and_observations_are_typed(specs, executor):
+    policy = ScriptedPolicy(stop_after=2)
+    records = runner.run_episodes(specs, policy, executor, EpisodeConfig(), progress=False)
+    by_id = {r["task_id"]: r for r in records}
+    assert set(by_id) == set(PROBES)
+    assert all(r["finish_reason"] == "stop" and r["n_calls"] == 2 for r in records)
+    assert by_id["demo/affine"]["observations"][0] == {"call": "test_func(4, 5)", "result": "21"}
+    assert by_id["demo/runs"]["observations"][0]["result"] == "[('a', 3)]"
+    assert by_id["demo/vowels"]["observations"][1] == {"call": "test_func('')", "result": "0"}
+    # All four episodes shared every policy call (3 phases x 2 queries).
+    assert policy.batch_sizes == [4] * 6
+
+
+def test_batched_equals_one_at_a_time(specs, executor):
+    config = EpisodeConfig(call_budget=3)
+    batched = runner.run_episodes(specs, ScriptedPolicy(stop_after=9), executor, config, progress=False)
+    single = []
+    for spec in specs:
+        single += runner.run_episodes([spec], ScriptedPolicy(stop_after=9), executor, config, progress=False)
+    assert _strip_timing(batched) == _strip_timing(single)
+    assert all(r["finish_reason"] == "budget" for r in batched)
+
+
+def test_resume_skips_finished_and_survives_a_torn_line(specs, executor, tmp_path):
+    out = tmp_path / "episodes.jsonl"
+    config = EpisodeConfig()
+    first = runner.run_episodes(specs[:2], ScriptedPolicy(), executor, config, out_path=out, progress=False)
+    assert len(first) == 2
+    with out.open("a") as f:
+        f.write('{"task_id": "demo/runs", "trunc')  # a crash in the middle of a write
+    policy = ScriptedPolicy()
+    second = runner.run_episodes(specs, policy, executor, config, out_path=out, progress=False)
+    assert sorted(r["task_id"] for r in second) == ["demo/runs", "demo/sorted"]
+    assert policy.batch_sizes[0] == 2
+    ids = [r["task_id"] for r in runner.load_records(out)]
+    assert sorted(ids) == sorted(PROBES)
+    assert runner.finished_ids(out) == set(PROBES)
+    # A third run has nothing left to do.
+    assert runner.run_episodes(specs, ScriptedPolicy(), executor, config, out_path=out, progress=False) == []
+
+
+def test_records_are_json_and_hold_the_prompts(specs, executor, tmp_path):
+    out = tmp_path / "e.jsonl"
+    runner.run_episodes(specs[:1], ScriptedPolicy(), executor, EpisodeConfig(), out_path=out, progress=False)
+    record = json.loads(out.read_text().splitlines()[0])
+    assert [s["phase"] for s in record["steps"]][:3] == ["conceptualize", "generate", "revise"]
+    assert record["steps"][1]["messages"][0]["role"] == "system"
+    assert record["steps"][1]["call"] == "test_func(4, 5)" and record["steps"][1]["call_ok"]
+
+
+def test_duplicate_ids_rejected(specs, executor):
+    with pytest.raises(ValueError, match="unique"):
+        runner.run_episodes([specs[0], specs[0]], ScriptedPolicy(), executor, EpisodeConfig(), progress=False)
+
+
+def test_render_call_single_tuple_argument():
+    assert episode.render_call(((1, 2),)) == "test_func((1, 2))"
