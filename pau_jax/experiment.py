@@ -7,7 +7,6 @@ import time
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy.local import SamplingConfig
 
-
 _REGISTERED = []
 
 

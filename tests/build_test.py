@@ -16,7 +16,9 @@ COVERED_DIRS = ("pau_jax", "tests", "benchmarks", "data_builders")
 
 
 def _build_files():
-    return sorted(p for p in ROOT.rglob("BUILD") if ".venv" not in p.parts and "venv" not in p.parts)
+    return sorted(
+        p for p in ROOT.rglob("BUILD") if ".venv" not in p.parts and "venv" not in p.parts
+    )
 
 
 def _evaluate(build_path: pathlib.Path):

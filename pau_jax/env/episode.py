@@ -68,7 +68,9 @@ class EpisodeConfig:
         if self.history_window is not None and self.history_window < 1:
             raise ValueError(f"history_window must be >= 1 or None, got {self.history_window}")
         if self.display_mode not in DISPLAY_MODES:
-            raise ValueError(f"display_mode must be one of {DISPLAY_MODES}, got {self.display_mode!r}")
+            raise ValueError(
+                f"display_mode must be one of {DISPLAY_MODES}, got {self.display_mode!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,1 +1,1 @@
-"""Evaluation: the batched episode runner (scoring, metrics and reports build on its records)."""
+"""Evaluation: the batched episode runner and paired statistics (scoring and reports build on them)."""

@@ -129,7 +129,9 @@ def run_episodes(
         path.parent.mkdir(parents=True, exist_ok=True)
         _drop_torn_tail(path)
     by_id = {s.task.task_id: s for s in specs}
-    active = {s.task.task_id: episode.start(s.task, config) for s in specs if s.task.task_id not in skip}
+    active = {
+        s.task.task_id: episode.start(s.task, config) for s in specs if s.task.task_id not in skip
+    }
     started = {tid: time.perf_counter() for tid in active}
     records = []
     total, t0 = len(active), time.perf_counter()

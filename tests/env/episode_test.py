@@ -47,7 +47,9 @@ def test_stop_ends_episode_with_hypothesis():
     state = episode.start(make_task(), config)
     state = run_query(state, config, "(2, 5)", add, "Hypothesis: adds\nDecision: CONTINUE")
     assert state.phase is Phase.CONCEPTUALIZE and state.n_calls == 1
-    state = run_query(state, config, "('a', 'b')", add, "Hypothesis: adds or concatenates\nDecision: STOP")
+    state = run_query(
+        state, config, "('a', 'b')", add, "Hypothesis: adds or concatenates\nDecision: STOP"
+    )
     assert state.phase is Phase.DONE
     assert state.finish_reason == "stop" and state.stopped_by_agent
     assert state.prediction == "adds or concatenates"
@@ -106,7 +108,9 @@ def test_errors_and_types_displayed_by_mode():
         config = EpisodeConfig(display_mode=mode)
         state = episode.on_conceptualize(episode.start(make_task(), config), "p", config)
         state, args = episode.on_generate(state, "(1, 2)", config)
-        err = episode.on_result(state, FakeResult(ok=False, error_type="TypeError", error_message="bad"), config)
+        err = episode.on_result(
+            state, FakeResult(ok=False, error_type="TypeError", error_message="bad"), config
+        )
         ok = episode.on_result(state, FakeResult(ok=True, value="5"), config)
         assert err.observations[-1].result == want_err
         assert ok.observations[-1].result == want_val

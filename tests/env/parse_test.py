@@ -32,7 +32,12 @@ def test_extract_input(text, ok, args_text):
 
 REVISION_CASES = [
     # (model output, ok, hypothesis, stop)
-    ("Hypothesis: returns the sum of a and b.\nDecision: STOP", True, "returns the sum of a and b.", True),
+    (
+        "Hypothesis: returns the sum of a and b.\nDecision: STOP",
+        True,
+        "returns the sum of a and b.",
+        True,
+    ),
     ("Hypothesis: sorts the list\nDecision: CONTINUE", True, "sorts the list", False),
     (
         "<think>Maybe it is reversing. STOP? no.</think>Hypothesis: reverses a string\nDecision: continue",

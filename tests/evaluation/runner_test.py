@@ -62,7 +62,10 @@ def specs(executor):
 
 
 def _strip_timing(records):
-    return sorted(({k: v for k, v in r.items() if k != "seconds"} for r in records), key=lambda r: r["task_id"])
+    return sorted(
+        ({k: v for k, v in r.items() if k != "seconds"} for r in records),
+        key=lambda r: r["task_id"],
+    )
 
 
 def test_episodes_run_and_observations_are_typed(specs, executor):
@@ -80,10 +83,14 @@ def test_episodes_run_and_observations_are_typed(specs, executor):
 
 def test_batched_equals_one_at_a_time(specs, executor):
     config = EpisodeConfig(call_budget=3)
-    batched = runner.run_episodes(specs, ScriptedPolicy(stop_after=9), executor, config, progress=False)
+    batched = runner.run_episodes(
+        specs, ScriptedPolicy(stop_after=9), executor, config, progress=False
+    )
     single = []
     for spec in specs:
-        single += runner.run_episodes([spec], ScriptedPolicy(stop_after=9), executor, config, progress=False)
+        single += runner.run_episodes(
+            [spec], ScriptedPolicy(stop_after=9), executor, config, progress=False
+        )
     assert _strip_timing(batched) == _strip_timing(single)
     assert all(r["finish_reason"] == "budget" for r in batched)
 
@@ -91,7 +98,9 @@ def test_batched_equals_one_at_a_time(specs, executor):
 def test_resume_skips_finished_and_survives_a_torn_line(specs, executor, tmp_path):
     out = tmp_path / "episodes.jsonl"
     config = EpisodeConfig()
-    first = runner.run_episodes(specs[:2], ScriptedPolicy(), executor, config, out_path=out, progress=False)
+    first = runner.run_episodes(
+        specs[:2], ScriptedPolicy(), executor, config, out_path=out, progress=False
+    )
     assert len(first) == 2
     with out.open("a") as f:
         f.write('{"task_id": "demo/runs", "trunc')  # a crash in the middle of a write
@@ -103,12 +112,17 @@ def test_resume_skips_finished_and_survives_a_torn_line(specs, executor, tmp_pat
     assert sorted(ids) == sorted(PROBES)
     assert runner.finished_ids(out) == set(PROBES)
     # A third run has nothing left to do.
-    assert runner.run_episodes(specs, ScriptedPolicy(), executor, config, out_path=out, progress=False) == []
+    assert (
+        runner.run_episodes(specs, ScriptedPolicy(), executor, config, out_path=out, progress=False)
+        == []
+    )
 
 
 def test_records_are_json_and_hold_the_prompts(specs, executor, tmp_path):
     out = tmp_path / "e.jsonl"
-    runner.run_episodes(specs[:1], ScriptedPolicy(), executor, EpisodeConfig(), out_path=out, progress=False)
+    runner.run_episodes(
+        specs[:1], ScriptedPolicy(), executor, EpisodeConfig(), out_path=out, progress=False
+    )
     record = json.loads(out.read_text().splitlines()[0])
     assert [s["phase"] for s in record["steps"]][:3] == ["conceptualize", "generate", "revise"]
     assert record["steps"][1]["messages"][0]["role"] == "system"
@@ -117,7 +131,9 @@ def test_records_are_json_and_hold_the_prompts(specs, executor, tmp_path):
 
 def test_duplicate_ids_rejected(specs, executor):
     with pytest.raises(ValueError, match="unique"):
-        runner.run_episodes([specs[0], specs[0]], ScriptedPolicy(), executor, EpisodeConfig(), progress=False)
+        runner.run_episodes(
+            [specs[0], specs[0]], ScriptedPolicy(), executor, EpisodeConfig(), progress=False
+        )
 
 
 def test_render_call_single_tuple_argument():

@@ -1,0 +1,70 @@
+"""Summary metrics of scored episodes: judge scores, code match, calls, stop rate, per source.
+
+An episode record is a dict with at least `n_calls` and `stopped_by_agent`, and
+optionally `judge_score` (1–5, or None when the judge's answer could not be
+parsed), `code_match` (fraction in [0, 1], or None) and `source`.
+Unparsed judge scores are counted and reported, never replaced by a value.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+CODE_MATCH_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+def _mean_std(values: np.ndarray) -> dict:
+    if values.size == 0:
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": float(values.mean()), "std": float(values.std(ddof=0)), "n": int(values.size)}
+
+
+def judge_summary(scores: Sequence[int | None]) -> dict:
+    """Mean ± std, distribution over 1..5, share >= 3, and the count of unparsed scores."""
+    parsed = np.array([s for s in scores if s is not None], dtype=np.float64)
+    out = _mean_std(parsed)
+    out["unparsed"] = sum(s is None for s in scores)
+    out["distribution"] = {k: int(np.sum(parsed == k)) for k in range(1, 6)}
+    out["frac_ge_3"] = float(np.mean(parsed >= 3)) if parsed.size else None
+    return out
+
+
+def code_match_summary(matches: Sequence[float | None]) -> dict:
+    """Mean, share fully matched, share >= 0.5, share zero, and a histogram in 20% bins.
+
+    Bins are [0, 0.2), [0.2, 0.4), [0.4, 0.6), [0.6, 0.8), [0.8, 1.0]; missing
+    values (no code produced) are counted as `missing`.
+    """
+    values = np.array([m for m in matches if m is not None], dtype=np.float64)
+    out = _mean_std(values)
+    out["missing"] = sum(m is None for m in matches)
+    if values.size:
+        out["frac_full"] = float(np.mean(values >= 1.0))
+        out["frac_ge_half"] = float(np.mean(values >= 0.5))
+        out["frac_zero"] = float(np.mean(values <= 0.0))
+        counts, _ = np.histogram(values, bins=CODE_MATCH_BINS)
+        out["bins"] = [int(c) for c in counts]
+    else:
+        out.update(frac_full=None, frac_ge_half=None, frac_zero=None, bins=[0] * 5)
+    return out
+
+
+def summarize(records: Sequence[dict]) -> dict:
+    """All metrics over the records, overall and per `source`."""
+
+    def block(rs):
+        calls = np.array([r["n_calls"] for r in rs], dtype=np.float64)
+        return {
+            "episodes": len(rs),
+            "calls": _mean_std(calls),
+            "stop_rate": float(np.mean([bool(r["stopped_by_agent"]) for r in rs])) if rs else None,
+            "judge": judge_summary([r.get("judge_score") for r in rs if "judge_score" in r]),
+            "code_match": code_match_summary(
+                [r.get("code_match") for r in rs if "code_match" in r]
+            ),
+        }
+
+    out = block(list(records))
+    sources = sorted({r["source"] for r in records if r.get("source")})
+    out["per_source"] = {s: block([r for r in records if r.get("source") == s]) for s in sources}
+    return out

@@ -1,0 +1,62 @@
+"""Summary metrics against hand-computed values."""
+
+import pytest
+
+from pau_jax.evaluation import metrics
+
+
+def test_judge_summary_counts_unparsed_and_never_fills_them():
+    out = metrics.judge_summary([1, 3, 5, None, 3])
+    assert out["mean"] == pytest.approx(3.0)
+    assert out["std"] == pytest.approx((8 / 4) ** 0.5)  # deviations -2, 0, 2, 0
+    assert out["n"] == 4 and out["unparsed"] == 1
+    assert out["distribution"] == {1: 1, 2: 0, 3: 2, 4: 0, 5: 1}
+    assert out["frac_ge_3"] == pytest.approx(0.75)
+
+
+def test_code_match_summary_bins_and_fractions():
+    out = metrics.code_match_summary([0.0, 0.1, 0.5, 0.79, 1.0, 1.0, None])
+    assert out["missing"] == 1
+    assert out["mean"] == pytest.approx((0.0 + 0.1 + 0.5 + 0.79 + 2.0) / 6)
+    assert out["frac_full"] == pytest.approx(2 / 6)
+    assert out["frac_ge_half"] == pytest.approx(4 / 6)
+    assert out["frac_zero"] == pytest.approx(1 / 6)
+    assert out["bins"] == [2, 0, 1, 1, 2]
+
+
+def test_summarize_overall_and_per_source():
+    records = [
+        {
+            "n_calls": 4,
+            "stopped_by_agent": True,
+            "judge_score": 4,
+            "code_match": 1.0,
+            "source": "mbpp",
+        },
+        {
+            "n_calls": 2,
+            "stopped_by_agent": False,
+            "judge_score": 2,
+            "code_match": 0.0,
+            "source": "mbpp",
+        },
+        {
+            "n_calls": 6,
+            "stopped_by_agent": True,
+            "judge_score": None,
+            "code_match": 0.5,
+            "source": "cruxeval",
+        },
+    ]
+    out = metrics.summarize(records)
+    assert out["episodes"] == 3
+    assert out["calls"]["mean"] == pytest.approx(4.0)
+    assert out["stop_rate"] == pytest.approx(2 / 3)
+    assert out["judge"]["unparsed"] == 1 and out["judge"]["mean"] == pytest.approx(3.0)
+    assert out["per_source"]["mbpp"]["code_match"]["mean"] == pytest.approx(0.5)
+    assert out["per_source"]["cruxeval"]["judge"]["n"] == 0
+
+
+def test_empty_inputs():
+    assert metrics.judge_summary([])["mean"] is None
+    assert metrics.code_match_summary([None])["bins"] == [0, 0, 0, 0, 0]
