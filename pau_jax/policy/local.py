@@ -29,6 +29,16 @@ class SamplingConfig:
     enable_thinking: bool = False
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Completion:
+    """One reply: its text, why it ended ('stop' or 'length') and token counts."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
 class LocalPolicy:
     """Renders conversations with the tokenizer's chat template and samples replies.
 
@@ -62,11 +72,14 @@ class LocalPolicy:
             ids = ids["input_ids"]
         return [int(i) for i in ids]
 
-    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
+    def complete(
+        self, conversations: Sequence[Sequence[dict]], sampling: SamplingConfig | None = None
+    ) -> list[Completion]:
+        """Replies with their finish reasons and token counts, under `sampling` (default: own)."""
         if not conversations:
             return []
+        s = sampling or self.sampling
         prompts = [self.encode(c) for c in conversations]
-        s = self.sampling
         out = generate(
             self.model,
             prompts,
@@ -84,4 +97,15 @@ class LocalPolicy:
             "prefill_seconds": out.prefill_seconds,
             "decode_seconds": out.decode_seconds,
         }
-        return [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in out.tokens]
+        return [
+            Completion(
+                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                finish_reason=reason,
+                prompt_tokens=len(prompt),
+                completion_tokens=len(ids),
+            )
+            for ids, reason, prompt in zip(out.tokens, out.finish_reasons, prompts, strict=True)
+        ]
+
+    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
+        return [c.text for c in self.complete(conversations)]

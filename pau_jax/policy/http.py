@@ -1,0 +1,142 @@
+"""A policy that calls any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, hosted APIs).
+
+Requests of one batch run concurrently (bounded by `max_concurrency`). Each is
+retried with exponential backoff on connection errors, timeouts, HTTP 429 and
+5xx answers and unparseable bodies. A request that still fails yields an empty
+reply and a `Failure` record in `failures`; it never raises, so one bad answer
+cannot crash a long run.
+
+Configuration comes from arguments or the environment:
+`PAU_OPENAI_BASE_URL` (or `OPENAI_BASE_URL`), `PAU_OPENAI_MODEL`,
+`PAU_OPENAI_API_KEY` (or `OPENAI_API_KEY`).
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Failure:
+    """A request that failed after all retries."""
+
+    index: int
+    attempts: int
+    error: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HTTPConfig:
+    """Where and how to call the endpoint.
+
+    Attributes:
+      base_url: e.g. http://127.0.0.1:8000/v1; default from the environment.
+      model: the model name sent with each request; default from the environment.
+      api_key: bearer token; default from the environment; may be empty for local servers.
+      max_tokens, temperature, top_p, seed: sampling parameters sent with each request.
+      max_concurrency: requests in flight at once.
+      timeout_s: per-request timeout.
+      max_retries: retries after the first attempt.
+      backoff_s: first backoff; doubles each retry (capped at 30 s).
+    """
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    max_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = 0
+    max_concurrency: int = 8
+    timeout_s: float = 120.0
+    max_retries: int = 4
+    backoff_s: float = 1.0
+
+
+def _env(*names: str) -> str | None:
+    for name in names:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+class HTTPPolicy:
+    """`policy(conversations) -> texts` over an OpenAI-compatible endpoint (see module docstring)."""
+
+    def __init__(self, config: HTTPConfig = HTTPConfig()):
+        base_url = config.base_url or _env("PAU_OPENAI_BASE_URL", "OPENAI_BASE_URL")
+        model = config.model or _env("PAU_OPENAI_MODEL")
+        if not base_url:
+            raise ValueError(
+                "no endpoint: set HTTPConfig.base_url or PAU_OPENAI_BASE_URL (e.g. http://127.0.0.1:8000/v1)"
+            )
+        if not model:
+            raise ValueError("no model name: set HTTPConfig.model or PAU_OPENAI_MODEL")
+        self.config = config
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.api_key = config.api_key or _env("PAU_OPENAI_API_KEY", "OPENAI_API_KEY") or ""
+        self.failures: list[Failure] = []
+        self.retries = 0
+        self._lock = threading.Lock()
+
+    def _post(self, payload: dict) -> dict:
+        request = urllib.request.Request(
+            self.url,
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"}
+            | ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}),
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:
+            return json.loads(response.read())
+
+    def _one(self, index: int, messages: Sequence[dict]) -> str:
+        c = self.config
+        payload = {
+            "model": self.model,
+            "messages": list(messages),
+            "max_tokens": c.max_tokens,
+            "temperature": c.temperature,
+            "top_p": c.top_p,
+        }
+        if c.seed is not None:
+            payload["seed"] = c.seed
+        error = ""
+        for attempt in range(c.max_retries + 1):
+            if attempt:
+                with self._lock:
+                    self.retries += 1
+                time.sleep(min(30.0, c.backoff_s * 2 ** (attempt - 1)))
+            try:
+                body = self._post(payload)
+                content = body["choices"][0]["message"]["content"]
+                if not isinstance(content, str):
+                    raise TypeError("message content is not a string")
+                return content
+            except urllib.error.HTTPError as e:
+                error = f"HTTP {e.code}: {e.read()[:200].decode(errors='replace')}"
+                if e.code not in RETRY_STATUS:
+                    break
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                error = f"{type(e).__name__}: {e}"
+            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+                error = f"bad response: {type(e).__name__}: {e}"
+        with self._lock:
+            self.failures.append(Failure(index=index, attempts=attempt + 1, error=error))
+        return ""
+
+    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
+        if not conversations:
+            return []
+        workers = min(self.config.max_concurrency, len(conversations))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(self._one, range(len(conversations)), conversations))

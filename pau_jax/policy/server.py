@@ -1,0 +1,226 @@
+"""An OpenAI-compatible HTTP server over a local JAX policy, batching concurrent requests.
+
+Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (non-streaming, `n = 1`).
+Requests arriving together are answered by one sampler call: a single batching
+thread drains the queue (up to `max_batch` requests, waiting at most
+`batch_wait_s` for more), groups them by sampling parameters, and runs each
+group as one batch. Any client of the OpenAI chat API can then use a local
+model as judge, coder, teacher or policy.
+
+    server = PolicyServer(local_policy, model_name="qwen3-local")
+    server.start()            # binds 127.0.0.1 on a free port unless `port` is given
+    print(server.base_url)    # http://127.0.0.1:PORT/v1
+    ...
+    server.stop()
+"""
+
+import dataclasses
+import http.server
+import json
+import queue
+import threading
+import time
+import uuid
+
+from pau_jax.policy.local import LocalPolicy
+
+
+@dataclasses.dataclass
+class _Pending:
+    messages: list
+    sampling: object
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    result: object = None
+    error: str | None = None
+
+
+class PolicyServer:
+    """Serves a `LocalPolicy` over HTTP on a loopback address (see module docstring)."""
+
+    def __init__(
+        self,
+        policy: LocalPolicy,
+        *,
+        model_name: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_batch: int = 16,
+        batch_wait_s: float = 0.02,
+        max_tokens_limit: int = 4096,
+    ):
+        self.policy = policy
+        self.model_name = model_name
+        self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_s
+        self.max_tokens_limit = max_tokens_limit
+        self.batch_sizes: list[int] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._httpd = http.server.ThreadingHTTPServer((host, port), self._handler_class())
+        self._httpd.daemon_threads = True
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> "PolicyServer":
+        for target in (self._httpd.serve_forever, self._batch_loop):
+            thread = threading.Thread(target=target, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # Batching -------------------------------------------------------------------------
+
+    def _batch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                first = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            batch = [first]
+            deadline = time.monotonic() + self.batch_wait_s
+            while len(batch) < self.max_batch:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(self._queue.get(timeout=remaining))
+                except queue.Empty:
+                    break
+            groups: dict = {}
+            for item in batch:
+                groups.setdefault(item.sampling, []).append(item)
+            for sampling, items in groups.items():
+                self.batch_sizes.append(len(items))
+                try:
+                    results = self.policy.complete([i.messages for i in items], sampling)
+                except Exception as e:  # noqa: BLE001 - reported to each waiting client as a 500.
+                    for item in items:
+                        item.error = f"{type(e).__name__}: {e}"
+                        item.done.set()
+                    continue
+                for item, result in zip(items, results, strict=True):
+                    item.result = result
+                    item.done.set()
+
+    # HTTP -----------------------------------------------------------------------------
+
+    def _sampling_for(self, body: dict):
+        base = self.policy.sampling
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", base.max_new_tokens))
+        if not isinstance(max_tokens, int) or not 1 <= max_tokens <= self.max_tokens_limit:
+            raise ValueError(f"max_tokens must be an integer in [1, {self.max_tokens_limit}]")
+        temperature = body.get("temperature", base.temperature)
+        top_p = body.get("top_p", base.top_p)
+        if not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ValueError("temperature must be a number >= 0")
+        if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise ValueError("top_p must be a number in (0, 1]")
+        if body.get("n", 1) != 1:
+            raise ValueError("only n = 1 is supported")
+        if body.get("stream"):
+            raise ValueError("streaming is not supported")
+        return dataclasses.replace(
+            base,
+            max_new_tokens=max_tokens,
+            temperature=float(temperature),
+            top_p=float(top_p),
+            seed=int(body.get("seed", base.seed)),
+        )
+
+    def _complete(self, body: dict) -> tuple[int, dict]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) and "role" in m
+            for m in messages
+        ):
+            return 400, _error("messages must be a list of {role, content} objects")
+        try:
+            sampling = self._sampling_for(body)
+        except ValueError as e:
+            return 400, _error(str(e))
+        pending = _Pending(messages=messages, sampling=sampling)
+        self._queue.put(pending)
+        pending.done.wait()
+        if pending.error is not None:
+            return 500, _error(pending.error, kind="server_error")
+        r = pending.result
+        return 200, {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": r.text},
+                    "finish_reason": r.finish_reason,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens,
+                "total_tokens": r.prompt_tokens + r.completion_tokens,
+            },
+        }
+
+    def _handler_class(self):
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # Keep the terminal quiet.
+                del args
+
+            def _send(self, status: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802 - name fixed by http.server.
+                if self.path.rstrip("/") == "/v1/models":
+                    model = {"id": server.model_name, "object": "model", "owned_by": "pau_jax"}
+                    self._send(200, {"object": "list", "data": [model]})
+                else:
+                    self._send(404, _error(f"no route {self.path}"))
+
+            def do_POST(self):  # noqa: N802 - name fixed by http.server.
+                if self.path.rstrip("/") != "/v1/chat/completions":
+                    self._send(404, _error(f"no route {self.path}"))
+                    return
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                except json.JSONDecodeError:
+                    self._send(400, _error("request body is not valid JSON"))
+                    return
+                if not isinstance(body, dict):
+                    self._send(400, _error("request body must be a JSON object"))
+                    return
+                self._send(*server._complete(body))
+
+        return Handler
+
+
+def _error(message: str, kind: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": kind}}

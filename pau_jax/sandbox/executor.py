@@ -1,0 +1,445 @@
+"""Pool of sandbox worker processes that run untrusted Python functions under limits."""
+
+import collections
+import hashlib
+import json
+import math
+import queue
+import select
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pau_jax.sandbox import values, worker_process
+from pau_jax.sandbox.config import DEFAULT_ENTRY, CallResult, CoverageRecord, SandboxConfig
+from pau_jax.sandbox.worker_process import WorkerLost, WorkerProcess
+
+_MAX_CHUNK = 32
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (a worker could not start, or the executor is closed)."""
+
+
+def _readable(workers: list[WorkerProcess], timeout: float | None) -> list[WorkerProcess]:
+    """The workers with something to read, waiting at most ``timeout`` seconds (poll(2))."""
+    poller = select.poll()
+    by_fd = {}
+    for worker in workers:
+        by_fd[worker.reply_fd] = worker
+        poller.register(worker.reply_fd, select.POLLIN)
+    events = poller.poll(None if timeout is None else math.ceil(timeout * 1000))
+    return [by_fd[fd] for fd, _ in events]
+
+
+class _Spawner:
+    """Starts worker processes from one long-lived thread.
+
+    A worker receives SIGKILL when the thread that started it ends (its parent-death signal),
+    so workers are started here rather than in short-lived caller threads; they die with this
+    thread, i.e. with the executor or with the parent process.
+    """
+
+    def __init__(self):
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="pau-sandbox-spawner", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._requests.get()
+            if item is None:
+                return
+            make, box, done = item
+            try:
+                box.append(make())
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller.
+                box.append(exc)
+            done.set()
+
+    def run(self, make: Callable[[], WorkerProcess]) -> WorkerProcess:
+        """Calls ``make`` on the spawner thread and returns (or raises) its result."""
+        box: list[Any] = []
+        done = threading.Event()
+        self._requests.put((make, box, done))
+        done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def stop(self) -> None:
+        self._requests.put(None)
+
+
+def _kill_all(workers: set[WorkerProcess], spawner: _Spawner) -> None:
+    for worker in list(workers):
+        worker.kill()
+    workers.clear()
+    spawner.stop()
+
+
+class Executor:
+    """A pool of sandboxed worker processes; a context manager, safe to share between threads.
+
+    Args:
+      workers: number of worker processes.
+      config: limits and isolation of the workers.
+      entry: name of the function a call runs, unless a call names another.
+
+    Raises:
+      SandboxError: a worker could not start.
+    """
+
+    def __init__(
+        self, workers: int = 2, config: SandboxConfig | None = None, *, entry: str = DEFAULT_ENTRY
+    ):
+        if workers < 1:
+            raise ValueError(f"Executor needs at least one worker, got workers={workers}")
+        self.config = config or SandboxConfig()
+        self.entry = entry
+        self.workers = workers
+        self._config_text = json.dumps(
+            {f: getattr(self.config, f) for f in self.config.__dataclass_fields__}
+        )
+        self._max_message = 4 * self.config.max_result_bytes + 8 * self.config.max_output_bytes
+        self._max_message += 8 * self.config.max_display_chars + (4 << 20)
+        self._cond = threading.Condition()
+        self._idle: list[WorkerProcess] = []
+        self._all: set[WorkerProcess] = set()
+        self._closed = False
+        worker_process.remove_stale_directories()
+        self._spawner = _Spawner()
+        self._finalizer = weakref.finalize(self, _kill_all, self._all, self._spawner)
+        started = []
+        try:
+            started.extend(self._spawn() for _ in range(workers))
+            self._await_ready(started)
+        except BaseException:
+            self.close()
+            raise
+        self.isolation: dict[str, Any] = dict(started[0].info)
+        with self._cond:
+            self._idle.extend(started)
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kills every worker and removes their directories; later calls raise SandboxError.
+
+        Calls in flight in other threads end with SandboxError.
+        """
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            busy = self._all - set(idle)
+            self._all.difference_update(idle)
+            self._cond.notify_all()
+        for worker in busy:
+            worker.stop()  # The thread using it sees the worker die and cleans it up.
+        for worker in idle:
+            worker.kill()
+        if not busy:
+            self._finalizer()
+
+    def call(
+        self,
+        source: str,
+        args: Sequence[Any],
+        *,
+        timeout_s: float | None = None,
+        entry: str | None = None,
+        measure_coverage: bool = False,
+    ) -> CallResult:
+        """Runs ``entry(*args)`` from ``source`` in a worker.
+
+        Args:
+          source: Python source defining the function.
+          args: the positional arguments (any values the codec encodes, except `values.Opaque`).
+          timeout_s: wall-clock limit; the worker is killed and replaced when it is exceeded.
+          entry: name of the function (default: the executor's ``entry``).
+          measure_coverage: record the executed lines and arcs of ``source``.
+
+        Returns:
+          The result of the call.
+        """
+        return self.call_many(
+            source, [args], timeout_s=timeout_s, entry=entry, measure_coverage=measure_coverage
+        )[0]
+
+    def call_many(
+        self,
+        source: str,
+        args_list: Sequence[Sequence[Any]],
+        *,
+        timeout_s: float | None = None,
+        entry: str | None = None,
+        measure_coverage: bool = False,
+    ) -> list[CallResult]:
+        """Runs ``entry(*args)`` for every args in ``args_list``, spread over idle workers.
+
+        Each call has its own wall-clock limit ``timeout_s`` and its own fresh module
+        namespace; the results come back in the order of ``args_list``.
+        """
+        if not isinstance(source, str):
+            raise TypeError(f"source must be a str, got {type(source).__name__}")
+        timeout = self.config.default_timeout_s if timeout_s is None else float(timeout_s)
+        if not timeout > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        encoded = [self._encode_args(args) for args in args_list]
+        if not encoded:
+            return []
+        job = {
+            "op": "run",
+            "key": hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest(),
+            "source": source,
+            "entry": entry or self.entry,
+            "coverage": bool(measure_coverage),
+        }
+        return _Job(self, job, encoded, timeout).run()
+
+    @staticmethod
+    def _encode_args(args: Sequence[Any]) -> str:
+        if isinstance(args, (str, bytes, dict)) or not isinstance(args, Sequence):
+            raise TypeError(f"call arguments must be a tuple or list, got {type(args).__name__}")
+        text = values.encode(tuple(args))
+        if '["opaque",' in text:
+            raise TypeError("opaque values (values.Opaque) cannot be passed as call arguments")
+        return text
+
+    def _spawn(self) -> WorkerProcess:
+        if self._closed:
+            raise SandboxError("the Executor is closed; create a new one")
+        try:
+            worker = self._spawner.run(lambda: WorkerProcess(self.config, self._config_text))
+        except OSError as exc:
+            python = self.config.python or "sys.executable"
+            raise SandboxError(
+                f"cannot start a sandbox worker with python={python!r}: {exc}"
+            ) from exc
+        with self._cond:
+            if not self._closed:
+                self._all.add(worker)
+                return worker
+        worker.kill()
+        raise SandboxError("the Executor is closed; create a new one")
+
+    def _await_ready(self, workers: list[WorkerProcess]) -> None:
+        """Blocks until every worker has reported ready (raises SandboxError otherwise)."""
+        waiting = list(workers)
+        while waiting:
+            timeout = (
+                min(w.started for w in waiting) + self.config.start_timeout_s - time.monotonic()
+            )
+            for worker in _readable(waiting, max(0.0, timeout)):
+                self.handshake(worker)
+            waiting = [w for w in waiting if not w.ready]
+            self.check_start_time(waiting)
+
+    def handshake(self, worker: WorkerProcess) -> None:
+        """Reads from a starting worker (now readable); marks it ready once it says so."""
+        try:
+            messages = worker.receive(1 << 20)
+        except WorkerLost as exc:
+            tail = worker.log_tail()
+            self._retire(worker)
+            raise SandboxError(f"a sandbox worker {exc} while starting: {tail}") from None
+        if not messages:
+            return
+        if messages[0].get("op") != "ready" or len(messages) > 1:
+            self._retire(worker)
+            raise SandboxError(f"a sandbox worker failed to start: {messages[0].get('error')}")
+        worker.ready = True
+        worker.info = messages[0].get("isolation", {})
+
+    def check_start_time(self, starting: list[WorkerProcess]) -> None:
+        """Raises SandboxError if a starting worker is past ``start_timeout_s``."""
+        now = time.monotonic()
+        for worker in starting:
+            if now >= worker.started + self.config.start_timeout_s:
+                tail = worker.log_tail()
+                self._retire(worker)
+                raise SandboxError(
+                    f"a sandbox worker did not start within {self.config.start_timeout_s} s: {tail}"
+                )
+
+    def _retire(self, worker: WorkerProcess) -> None:
+        with self._cond:
+            self._all.discard(worker)
+        worker.kill()
+
+    def _replace(self, worker: WorkerProcess) -> WorkerProcess:
+        self._retire(worker)
+        return self._spawn()
+
+    def _acquire(self, block: bool) -> WorkerProcess | None:
+        with self._cond:
+            while not self._idle and block and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                raise SandboxError("the Executor is closed; create a new one")
+            return self._idle.pop() if self._idle else None
+
+    def _release(self, worker: WorkerProcess, busy: bool = False) -> None:
+        """Returns a worker to the pool; one still running calls is replaced instead."""
+        if busy and not self._closed:
+            self._retire(worker)
+            try:
+                worker = self._spawn()
+            except SandboxError:
+                return
+        with self._cond:
+            if not self._closed and worker in self._all:
+                self._idle.append(worker)
+                self._cond.notify()
+                return
+        self._retire(worker)
+
+
+class _Job:
+    """One call_many: hands chunks of calls to held workers and collects their replies."""
+
+    def __init__(self, pool: Executor, request: dict[str, Any], args: list[str], timeout: float):
+        self.pool = pool
+        self.request = request
+        self.args = args
+        self.timeout = timeout
+        self.results: list[CallResult | None] = [None] * len(args)
+        self.pending = collections.deque(range(len(args)))
+        self.held: list[WorkerProcess] = []
+        # worker -> (indices sent and not answered, deadline of the first, start time of the first)
+        self.inflight: dict[WorkerProcess, list[Any]] = {}
+
+    def run(self) -> list[CallResult]:
+        self.held.append(self.pool._acquire(block=True))
+        try:
+            while len(self.held) < len(self.args):
+                worker = self.pool._acquire(block=False)
+                if worker is None:
+                    break
+                self.held.append(worker)
+            while self.pending or self.inflight:
+                self._assign()
+                self._wait()
+        finally:
+            for worker in self.held:
+                self.pool._release(worker, busy=worker in self.inflight)
+        return self.results
+
+    def _assign(self) -> None:
+        config = self.pool.config
+        for slot, worker in enumerate(self.held):
+            if not self.pending or worker in self.inflight or not worker.ready:
+                continue
+            if worker.calls > 0 and (
+                worker.calls >= config.max_calls_per_worker
+                or worker.cpu_s + self.timeout + 1.0 >= config.cpu_time_s
+            ):
+                self.held[slot] = self.pool._replace(worker)
+                continue
+            size = min(_MAX_CHUNK, max(1, math.ceil(len(self.pending) / (4 * len(self.held)))))
+            chunk = [self.pending.popleft() for _ in range(min(size, len(self.pending)))]
+            now = time.monotonic()
+            self.inflight[worker] = [collections.deque(chunk), now + self.timeout, now]
+            try:
+                worker.send(
+                    {**self.request, "args": [self.args[i] for i in chunk]}, now + self.timeout
+                )
+            except WorkerLost as exc:
+                self._lose(slot, worker, "WorkerCrashed", f"the worker {exc}")
+
+    def _wait(self) -> None:
+        waiting = [w for w in self.held if w in self.inflight or not w.ready]
+        now = time.monotonic()
+        deadlines = [entry[1] for entry in self.inflight.values()]
+        deadlines += [w.started + self.pool.config.start_timeout_s for w in waiting if not w.ready]
+        timeout = max(0.0, min(deadlines) - now) if deadlines else None
+        if not waiting:
+            return
+        for worker in _readable(waiting, timeout):
+            if worker.ready:
+                self._receive(worker)
+            else:
+                self.pool.handshake(worker)
+        now = time.monotonic()
+        for slot, worker in enumerate(list(self.held)):
+            entry = self.inflight.get(worker)
+            if entry is not None and now >= entry[1]:
+                self._lose(
+                    slot,
+                    worker,
+                    "TimeoutError",
+                    f"the call ran longer than {self.timeout:g} s and was stopped",
+                    timed_out=True,
+                )
+        self.pool.check_start_time([w for w in self.held if not w.ready])
+
+    def _receive(self, worker: WorkerProcess) -> None:
+        slot = self.held.index(worker)
+        entry = self.inflight[worker]
+        try:
+            for message in worker.receive(self.pool._max_message):
+                if not entry[0]:
+                    raise WorkerLost("sent more results than calls")
+                result = _result(message, time.monotonic() - entry[2], self.request["coverage"])
+                self.results[entry[0].popleft()] = result
+                worker.calls += 1
+                cpu_s = message.get("cpu_s")
+                worker.cpu_s = float(cpu_s) if isinstance(cpu_s, (int, float)) else worker.cpu_s
+                now = time.monotonic()
+                entry[1:] = [now + self.timeout, now]
+        except WorkerLost as exc:
+            self._lose(slot, worker, "WorkerCrashed", f"the worker {exc}")
+            return
+        if not entry[0]:
+            del self.inflight[worker]
+
+    def _lose(
+        self, slot: int, worker: WorkerProcess, error_type: str, message: str, **kw: Any
+    ) -> None:
+        """Fails the worker's current call, puts its other calls back and replaces it."""
+        chunk, _, start = self.inflight.pop(worker)
+        index = chunk.popleft()
+        self.pending.extendleft(reversed(chunk))
+        self.results[index] = CallResult.failure(
+            error_type, message, wall_s=time.monotonic() - start, **kw
+        )
+        self.held[slot] = self.pool._replace(worker)
+
+
+def _result(message: dict[str, Any], wall_s: float, coverage: bool) -> CallResult:
+    """Builds a CallResult from a worker's reply, checking every field (raises WorkerLost)."""
+    try:
+        ok = message["ok"]
+        texts = [message[k] for k in ("display", "stdout", "stderr")]
+        if type(ok) is not bool or not all(isinstance(t, str) for t in texts):
+            raise WorkerLost("sent a malformed result")
+        record = None
+        if coverage and message.get("lines") is not None:
+            record = CoverageRecord(
+                lines=frozenset(int(n) for n in message["lines"]),
+                arcs=frozenset((int(a), int(b)) for a, b in message["arcs"]),
+            )
+        common = dict(
+            stdout=message["stdout"],
+            stderr=message["stderr"],
+            display=message["display"],
+            coverage=record,
+            wall_s=wall_s,
+        )
+        if ok:
+            encoded = message["value"]
+            if not isinstance(encoded, str):
+                raise WorkerLost("sent a malformed result")
+            return CallResult(ok=True, value=values.decode(encoded), encoded=encoded, **common)
+        error_type, error_message = message["error_type"], message["error_message"]
+        if not isinstance(error_type, str) or not isinstance(error_message, str):
+            raise WorkerLost("sent a malformed result")
+        return CallResult(ok=False, error_type=error_type, error_message=error_message, **common)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkerLost(f"sent a malformed result ({exc})") from None

@@ -1,0 +1,393 @@
+"""Hostile code: each case ends in a typed error in time, the parent is unharmed and the pool goes on."""
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+
+from pau_jax.sandbox import Executor, SandboxConfig
+
+SLACK_S = 8.0  # Start-up of a replacement worker and a busy machine.
+BENIGN = "def test_func(x):\n    return [x, x * 2]\n"
+SECRET_NAME = "PAU_SANDBOX_TEST_SECRET"
+SECRET = "parent-secret-7f3a"
+
+
+def _assert_pool_still_works(pool):
+    result = pool.call(BENIGN, (21,), timeout_s=20.0)
+    assert result.ok and result.value == [21, 42], result
+
+
+def _run(pool, source, timeout_s, args=()):
+    start = time.monotonic()
+    result = pool.call(source, args, timeout_s=timeout_s)
+    elapsed = time.monotonic() - start
+    assert elapsed < timeout_s + SLACK_S, (elapsed, result)
+    assert not result.ok and result.value is None, result
+    return result
+
+
+HOSTILE = {
+    "infinite_loop": (
+        "def test_func():\n    while True:\n        pass\n",
+        "TimeoutError",
+        "longer than",
+    ),
+    "sleep": ("import time\ndef test_func():\n    time.sleep(60)\n", "TimeoutError", "longer than"),
+    "memory_bomb": ("def test_func():\n    return bytearray(16 * 1024**3)\n", "MemoryError", ""),
+    "memory_growth": (
+        "def test_func():\n    xs = []\n    while True:\n        xs.append(bytes(200 * 1024**2))\n",
+        "MemoryError",
+        "",
+    ),
+    "fork_bomb": (
+        "import os\ndef test_func():\n    while True:\n        os.fork()\n",
+        "PermissionError",
+        "sandbox: starting processes (os.fork) is not allowed",
+    ),
+    "multiprocessing": (
+        "import multiprocessing\ndef test_func():\n    p = multiprocessing.Process(target=print)\n    p.start()\n",
+        "PermissionError",
+        "sandbox: starting processes",
+    ),
+    "os_system": (
+        "import os\ndef test_func():\n    return os.system('touch /tmp/pau_sandbox_pwned')\n",
+        "PermissionError",
+        "sandbox: starting processes (os.system) is not allowed",
+    ),
+    "subprocess": (
+        "import subprocess\ndef test_func():\n    return subprocess.check_output(['id'])\n",
+        "PermissionError",
+        "sandbox: starting processes (subprocess.Popen) is not allowed",
+    ),
+    "exec_binary": (
+        "import os\ndef test_func():\n    os.execv('/bin/true', ['true'])\n",
+        "PermissionError",
+        "sandbox: starting processes (os.exec) is not allowed",
+    ),
+    "thread": (
+        "import threading\ndef test_func():\n    threading.Thread(target=print).start()\n",
+        "RuntimeError",
+        "can't start new thread",
+    ),
+    "sys_exit": ("import sys\ndef test_func():\n    sys.exit(3)\n", "SystemExit", "3"),
+    "os_exit": (
+        "import os\ndef test_func():\n    os._exit(7)\n",
+        "WorkerCrashed",
+        "exited with code 7",
+    ),
+    "ctypes_segfault": (
+        "import ctypes\ndef test_func():\n    return ctypes.string_at(0)\n",
+        "PermissionError",
+        "sandbox: native code through ctypes",
+    ),
+    "segfault": (
+        "import faulthandler\ndef test_func():\n    faulthandler._sigsegv()\n",
+        "WorkerCrashed",
+        "SIGSEGV",
+    ),
+    "self_kill": (
+        "import os, signal\ndef test_func():\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+        "WorkerCrashed",
+        "SIGKILL",
+    ),
+    "kill_parent": (
+        "import os, signal\ndef test_func():\n    os.kill(os.getppid(), signal.SIGTERM)\n",
+        "PermissionError",
+        "signalling other processes",
+    ),
+    "kill_everything": (
+        "import os, signal\ndef test_func():\n    os.kill(-1, signal.SIGKILL)\n",
+        "PermissionError",
+        "signalling other processes",
+    ),
+    "deep_recursion": (
+        "def test_func(n=0):\n    return test_func(n + 1)\n",
+        "RecursionError",
+        "maximum recursion depth",
+    ),
+    "unbounded_recursion": (
+        "import sys\ndef f(n):\n    return f(n + 1)\ndef test_func():\n    sys.setrecursionlimit(10**9)\n    return f(0)\n",
+        "",
+        "",
+    ),
+    "printing_without_end": (
+        "def test_func():\n    while True:\n        print('spam' * 100)\n",
+        "TimeoutError",
+        "longer than",
+    ),
+    "ignores_sigterm": (
+        "import signal\ndef test_func():\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    while True:\n        pass\n",
+        "TimeoutError",
+        "longer than",
+    ),
+    "write_outside": (
+        "def test_func():\n    open('/tmp/pau_sandbox_pwned', 'w').write('x')\n",
+        "PermissionError",
+        "writing to '/tmp/pau_sandbox_pwned'",
+    ),
+    "write_via_dir_fd": (
+        "import os\ndef test_func():\n    fd = os.open('/tmp', os.O_RDONLY)\n    os.open('pau_sandbox_pwned', os.O_CREAT | os.O_WRONLY, dir_fd=fd)\n",
+        "PermissionError",
+        "opening directories",
+    ),
+    "remove_outside": (
+        "import shutil\ndef test_func():\n    shutil.rmtree('/tmp')\n",
+        "PermissionError",
+        "outside the sandbox directory",
+    ),
+    "rename_outside": (
+        "import os\ndef test_func():\n    os.rename('/etc/hostname', 'x')\n",
+        "PermissionError",
+        "os.rename on '/etc/hostname'",
+    ),
+    "raise_limits": (
+        "import resource\ndef test_func():\n    resource.setrlimit(resource.RLIMIT_AS, (-1, -1))\n",
+        "PermissionError",
+        "changing resource limits",
+    ),
+    "huge_file": (
+        "def test_func():\n    with open('big.bin', 'wb') as f:\n        f.write(b'x' * (32 << 20))\n",
+        "OSError",
+        "File too large",
+    ),
+    "too_many_files": (
+        "def test_func():\n    return [open(f'f{i}', 'w') for i in range(500)]\n",
+        "OSError",
+        "Too many open files",
+    ),
+    "forged_partial_reply": (
+        "import os\ndef test_func():\n    for fd in range(3, 64):\n        try:\n"
+        "            os.write(fd, b'\\x00\\x00\\x10\\x00{\"ok\": true')\n        except OSError:\n"
+        "            pass\n    while True:\n        pass\n",
+        "TimeoutError",
+        "longer than",
+    ),
+    "oversized_reply": (
+        "import os\ndef test_func():\n    for fd in range(3, 64):\n        try:\n"
+        "            os.write(fd, b'\\x7f\\xff\\xff\\xf0garbage')\n        except OSError:\n"
+        "            pass\n    return 1\n",
+        "WorkerCrashed",
+        "sent a message of",
+    ),
+    "closed_pipes": (
+        "import os\ndef test_func():\n    for fd in range(3, 64):\n        try:\n"
+        "            os.close(fd)\n        except OSError:\n            pass\n    return 1\n",
+        "WorkerCrashed",
+        "exited with code",
+    ),
+    "parent_environ": (
+        "import os\ndef test_func():\n    return open(f'/proc/{os.getppid()}/environ').read()\n",
+        "PermissionError",
+        "reading files of other processes",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_case(executor, name):
+    source, error_type, message = HOSTILE[name]
+    before = dict(os.environ), os.getcwd()
+    result = _run(executor, source, timeout_s=1.5)
+    if error_type:
+        assert result.error_type == error_type, result
+        assert message in result.error_message, result
+    else:
+        assert result.error_type in (
+            "RecursionError",
+            "MemoryError",
+            "TimeoutError",
+            "WorkerCrashed",
+        ), result
+    assert result.timed_out == (result.error_type == "TimeoutError")
+    assert (dict(os.environ), os.getcwd()) == before
+    assert not os.path.exists("/tmp/pau_sandbox_pwned")
+    _assert_pool_still_works(executor)
+
+
+def test_gigantic_output_is_cut(executor):
+    result = executor.call(
+        "def test_func():\n    print('x' * 10**8)\n    return 1\n", (), timeout_s=20.0
+    )
+    assert result.ok and result.value == 1
+    assert result.stdout.startswith("x" * 4096) and len(result.stdout) < 4200
+
+
+def test_socket_to_a_loopback_listener_never_connects(executor):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0.5)
+        port = server.getsockname()[1]
+        attempts = [
+            f"import socket\ndef test_func():\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n",
+            f"import socket\ndef test_func():\n    s = socket.socket()\n    s.connect(('127.0.0.1', {port}))\n",
+            f"import urllib.request\ndef test_func():\n    return urllib.request.urlopen('http://127.0.0.1:{port}/').read()\n",
+        ]
+        for source in attempts:
+            result = _run(executor, source, timeout_s=3.0)
+            assert (
+                result.error_type == "PermissionError" and "network access" in result.error_message
+            )
+        with pytest.raises(socket.timeout):
+            server.accept()
+    _assert_pool_still_works(executor)
+
+
+def test_worker_has_no_network_interface_up(executor):
+    if not executor.isolation.get("network_namespace"):
+        pytest.skip(f"network namespaces not permitted here: {executor.isolation}")
+    source = (
+        "def test_func():\n"
+        "    lines = open('/proc/self/net/dev').read().splitlines()[2:]\n"
+        "    return sorted(line.split(':')[0].strip() for line in lines)\n"
+    )
+    assert executor.call(source, (), timeout_s=20.0).value == ["lo"]
+    operstate = "def test_func():\n    return open('/sys/class/net/lo/operstate').read().strip()\n"
+    assert executor.call(operstate, (), timeout_s=20.0).value in ("down", "unknown")
+
+
+def test_filesystem_is_read_only_outside_the_worker_directory(executor):
+    if not executor.isolation.get("read_only_filesystem"):
+        pytest.skip(f"mount namespaces not permitted here: {executor.isolation}")
+    source = (
+        "import os\n"
+        "def test_func():\n"
+        "    for line in open('/proc/self/mountinfo'):\n"
+        "        fields = line.split()\n"
+        "        if fields[4] == '/':\n"
+        "            return fields[5].split(',')[0]\n"
+    )
+    assert executor.call(source, (), timeout_s=20.0).value == "ro"
+
+
+def test_workers_run_unprivileged_when_started_as_root(executor):
+    if os.geteuid() != 0:
+        pytest.skip("the parent is not root")
+    result = executor.call(
+        "import os\ndef test_func():\n    return os.getuid(), os.geteuid()\n", (), timeout_s=20.0
+    )
+    assert result.value == (65534, 65534)
+
+
+@pytest.fixture(scope="module")
+def lone_worker():
+    """A one-worker pool started while the parent holds a secret in its environment."""
+    os.environ[SECRET_NAME] = SECRET
+    try:
+        with Executor(workers=1) as pool:
+            yield pool
+    finally:
+        del os.environ[SECRET_NAME]
+
+
+def test_parent_environment_is_invisible(lone_worker):
+    source = "import os\ndef test_func():\n    return dict(os.environ)\n"
+    env = lone_worker.call(source, (), timeout_s=20.0).value
+    assert SECRET_NAME not in env and SECRET not in repr(env)
+    assert env["PYTHONHASHSEED"] == "0"
+    proc = "def test_func():\n    return open('/proc/1/environ', 'rb').read()\n"
+    assert lone_worker.call(proc, (), timeout_s=20.0).error_type == "PermissionError"
+
+
+def test_monkey_patching_does_not_leak_to_the_next_source(lone_worker):
+    patcher = (
+        "import builtins, math, signal, warnings, decimal, os\n"
+        "def test_func():\n"
+        "    builtins.len = lambda x: 42\n"
+        "    builtins.print = None\n"
+        "    math.sqrt = lambda x: -1\n"
+        "    os.environ['INJECTED'] = '1'\n"
+        "    warnings.simplefilter('error')\n"
+        "    decimal.getcontext().prec = 3\n"
+        "    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+        "    open('leftover.txt', 'w').write('x')\n"
+        "    return len([1, 2]), math.sqrt(4)\n"
+    )
+    assert lone_worker.call(patcher, (), timeout_s=20.0).value == (42, -1)
+    victim = (
+        "import math, os, signal, warnings, decimal\n"
+        "def test_func():\n"
+        "    warnings.warn('harmless')\n"
+        "    print('still printing')\n"
+        "    return (len([1, 2]), math.sqrt(4), 'INJECTED' in os.environ, os.listdir('.'),\n"
+        "            str(decimal.Decimal(1) / decimal.Decimal(3))[:6],\n"
+        "            signal.getsignal(signal.SIGALRM) == signal.SIG_DFL)\n"
+    )
+    result = lone_worker.call(victim, (), timeout_s=20.0)
+    assert result.ok, result
+    assert result.value == (2, 2.0, False, [], "0.3333", True)
+    assert result.stdout == "still printing\n"
+
+
+def test_patching_through_builtins_dict_does_not_leak(lone_worker):
+    patcher = "def test_func():\n    __builtins__['sorted'] = lambda x: 'patched'\n    return sorted([2, 1])\n"
+    assert lone_worker.call(patcher, (), timeout_s=20.0).value == "patched"
+    assert lone_worker.call(patcher.replace("sorted(", "len("), (), timeout_s=20.0).ok
+    assert lone_worker.call(
+        "def test_func():\n    return sorted([2, 1])\n", (), timeout_s=20.0
+    ).value == [1, 2]
+
+
+def test_cpu_time_limit_stops_a_worker():
+    with Executor(workers=1, config=SandboxConfig(cpu_time_s=1)) as pool:
+        result = _run(pool, "def test_func():\n    while True:\n        pass\n", timeout_s=30.0)
+        assert result.error_type == "WorkerCrashed" and "SIGXCPU" in result.error_message
+        assert not result.timed_out
+        _assert_pool_still_works(pool)
+
+
+def test_timed_out_call_does_not_delay_other_threads(executor):
+    import concurrent.futures
+
+    loop = "def test_func():\n    while True:\n        pass\n"
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(executor.call, loop, (), timeout_s=3.0)
+        time.sleep(0.2)
+        start = time.monotonic()
+        fast = [executor.call(BENIGN, (i,), timeout_s=20.0).value for i in range(5)]
+        fast_s = time.monotonic() - start
+        assert slow.result().timed_out
+    assert fast == [[i, 2 * i] for i in range(5)]
+    assert fast_s < 2.5, fast_s
+    assert signal.getsignal(signal.SIGTERM) in (
+        signal.SIG_DFL,
+        signal.default_int_handler,
+    ) or callable(signal.getsignal(signal.SIGTERM))
+
+
+def test_audit_hook_alone_blocks_without_os_layers(tmp_path):
+    config = SandboxConfig(
+        network_namespace=False, read_only_filesystem=False, drop_privileges=False
+    )
+    target = tmp_path / "written.txt"
+    with Executor(workers=1, config=config) as pool:
+        assert (
+            not pool.isolation["network_namespace"] and not pool.isolation["read_only_filesystem"]
+        )
+        assert pool.isolation["uid"] == os.getuid()
+        cases = [
+            ("import socket\ndef test_func():\n    socket.socket()\n", "network access"),
+            (f"def test_func():\n    open({str(target)!r}, 'w')\n", "writing to"),
+            ("import os\ndef test_func():\n    os.system('true')\n", "starting processes"),
+            ("import ctypes\ndef test_func():\n    ctypes.CDLL('libc.so.6')\n", "ctypes"),
+        ]
+        for source, what in cases:
+            result = _run(pool, source, timeout_s=5.0)
+            assert result.error_type == "PermissionError" and what in result.error_message, result
+        _assert_pool_still_works(pool)
+    assert not target.exists()
+
+
+def test_user_audit_hooks_are_refused(executor):
+    source = (
+        "import sys\n"
+        "def test_func():\n"
+        "    seen = []\n"
+        "    sys.addaudithook(lambda event, args: seen.append(event))\n"
+        "    compile('1', '<x>', 'eval')\n"
+        "    return seen\n"
+    )
+    assert executor.call(source, (), timeout_s=20.0).value == []
