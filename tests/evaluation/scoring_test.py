@@ -1,0 +1,96 @@
+"""Judge parsing and code match over the real sandbox."""
+
+import pytest
+
+from pau_jax.evaluation import code_match, judge
+from pau_jax.sandbox import Executor
+
+TRUE_CODE = """\
+def test_func(arg0):
+    if not isinstance(arg0, list):
+        raise TypeError('arg0 must be a list')
+    return (min(arg0), max(arg0))
+"""
+
+
+@pytest.fixture(scope="module")
+def executor():
+    with Executor(workers=2) as ex:
+        yield ex
+
+
+INPUTS = [([3, 1, 2],), ([5],), ([-1, -7],), ("abc",)]
+
+
+def test_equivalent_rewrite_scores_one(executor):
+    predicted = (
+        "def test_func(arg0):\n"
+        "    if type(arg0) is not list:\n"
+        "        raise TypeError('no')\n"
+        "    s = sorted(arg0)\n"
+        "    return (s[0], s[-1])\n"
+    )
+    got = code_match.score_code(executor, TRUE_CODE, predicted, INPUTS)
+    assert got.score == 1.0 and got.runnable and all(got.matches)
+
+
+def test_list_instead_of_tuple_never_matches(executor):
+    predicted = (
+        "def test_func(arg0):\n"
+        "    if not isinstance(arg0, list):\n"
+        "        raise TypeError('x')\n"
+        "    return [min(arg0), max(arg0)]\n"
+    )
+    got = code_match.score_code(executor, TRUE_CODE, predicted, INPUTS)
+    # Only the error case matches (same exception type).
+    assert got.matches == (False, False, False, True)
+    assert got.score == pytest.approx(0.25)
+
+
+def test_partial_and_wrong_exception(executor):
+    predicted = "def test_func(arg0):\n    return (min(arg0), min(arg0))\n"
+    got = code_match.score_code(executor, TRUE_CODE, predicted, INPUTS)
+    # [5] matches; 'abc' gives a tuple instead of a TypeError.
+    assert got.matches == (False, True, False, False)
+
+
+def test_unrunnable_code_is_flagged(executor):
+    for bad in ("def test_func(arg0:\n    return 1\n", "def helper(x):\n    return x\n"):
+        got = code_match.score_code(executor, TRUE_CODE, bad, INPUTS)
+        assert got.score == 0.0 and not got.runnable
+
+
+def test_extract_code():
+    text = "<think>use sorted</think>Here:\n```python\ndef test_func(a):\n    return a\n```\nDone."
+    assert code_match.extract_code(text) == "def test_func(a):\n    return a\n"
+    assert code_match.extract_code("def test_func(a): return a") == "def test_func(a): return a\n"
+    messages = code_match.coder_messages("def test_func(arg0):", "doubles", ["test_func(2) -> 4"])
+    assert "test_func(2) -> 4" in messages[0]["content"]
+
+
+@pytest.mark.parametrize(
+    "text,score",
+    [
+        ("The hypothesis is right.\nRating: 5", 5),
+        ("Explanation: partly.\n**Rating:** 3", 3),
+        ("<think>Rating: 1?</think>Rating: 4", 4),
+        ("rating: 2 (maybe 3)", 2),
+        ("Rating: 7", None),
+        ("I cannot decide.", None),
+    ],
+)
+def test_parse_rating(text, score):
+    assert judge.parse_rating(text) == score
+
+
+def test_judge_batches_and_keeps_unparsed_as_none():
+    seen = []
+
+    def policy(conversations):
+        seen.append(len(conversations))
+        return ["Fine.\nRating: 4", "no idea"]
+
+    out = judge.judge(policy, [("adds", "sums"), ("sorts", "")])
+    assert seen == [2]
+    assert [r.score for r in out] == [4, None]
+    assert "(no description given)" in judge.judge_messages("x", "")[0]["content"]
