@@ -1,0 +1,120 @@
+"""The run report: a markdown table of metrics per run and PNG plots, written to a run directory.
+
+Inputs are scored episode records (see `metrics`) grouped by run name, e.g.
+{"interactive": [...], "in_context": [...]}. Plots: judge-score distributions,
+code-match histograms (20% bins) and, when both modes are present, interactive
+versus in-context per item.
+"""
+
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+
+from pau_jax.evaluation import metrics
+
+
+def _fmt(x, digits=2, pct=False) -> str:
+    if x is None:
+        return "–"
+    return f"{100 * x:.1f}%" if pct else f"{x:.{digits}f}"
+
+
+def metrics_table(summaries: Mapping[str, dict]) -> str:
+    """One markdown row per run: judge mean ± std, % >= 3, unparsed, code match, calls, stop rate."""
+    header = (
+        "| run | episodes | judge mean ± std | judge ≥3 | unparsed | code match | "
+        "fully matched | ≥0.5 | zero | calls/episode | stop rate |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    rows = []
+    for name, s in summaries.items():
+        j, c = s["judge"], s["code_match"]
+        judge_cell = f"{_fmt(j['mean'])} ± {_fmt(j['std'])}" if j["n"] else "–"
+        rows.append(
+            f"| {name} | {s['episodes']} | {judge_cell} | {_fmt(j['frac_ge_3'], pct=True)} | "
+            f"{j['unparsed']} | {_fmt(c['mean'], 3)} | {_fmt(c['frac_full'], pct=True)} | "
+            f"{_fmt(c['frac_ge_half'], pct=True)} | {_fmt(c['frac_zero'], pct=True)} | "
+            f"{_fmt(s['calls']['mean'], 1)} | {_fmt(s['stop_rate'], pct=True)} |"
+        )
+    return header + "\n".join(rows) + "\n"
+
+
+def _plots(runs: Mapping[str, Sequence[dict]], summaries: Mapping[str, dict], out: pathlib.Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    written = []
+    names = list(runs)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        dist = summaries[name]["judge"]["distribution"]
+        ax.bar(
+            [k + i * width for k in range(1, 6)], [dist[k] for k in range(1, 6)], width, label=name
+        )
+    ax.set_xlabel("judge score")
+    ax.set_ylabel("episodes")
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(1, 6)], [str(k) for k in range(1, 6)])
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "judge_scores.png", dpi=100)
+    plt.close(fig)
+    written.append("judge_scores.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = ["0–20%", "20–40%", "40–60%", "60–80%", "80–100%"]
+    for i, name in enumerate(names):
+        bins = summaries[name]["code_match"]["bins"]
+        ax.bar([k + i * width for k in range(5)], bins, width, label=name)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(5)], labels)
+    ax.set_xlabel("code match")
+    ax.set_ylabel("episodes")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "code_match.png", dpi=100)
+    plt.close(fig)
+    written.append("code_match.png")
+
+    if "interactive" in runs and "in_context" in runs:
+        inter = {r["task_id"]: r.get("code_match") for r in runs["interactive"]}
+        ctx = {r["task_id"]: r.get("code_match") for r in runs["in_context"]}
+        common = sorted(
+            t for t in inter if t in ctx and inter[t] is not None and ctx[t] is not None
+        )
+        fig, ax = plt.subplots(figsize=(4, 4))
+        ax.scatter([ctx[t] for t in common], [inter[t] for t in common], s=12, alpha=0.6)
+        ax.plot([0, 1], [0, 1], color="gray", linewidth=1)
+        ax.set_xlabel("in-context code match")
+        ax.set_ylabel("interactive code match")
+        fig.tight_layout()
+        fig.savefig(out / "interactive_vs_in_context.png", dpi=100)
+        plt.close(fig)
+        written.append("interactive_vs_in_context.png")
+    return written
+
+
+def write_report(
+    run_dir: str | os.PathLike,
+    runs: Mapping[str, Sequence[dict]],
+    *,
+    title: str = "PAU evaluation",
+    notes: Sequence[str] = (),
+) -> pathlib.Path:
+    """Writes `report.md` and its PNG plots into `run_dir`; returns the report path."""
+    if not runs:
+        raise ValueError("write_report needs at least one run of scored records")
+    out = pathlib.Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = {name: metrics.summarize(records) for name, records in runs.items()}
+    images = _plots(runs, summaries, out)
+    lines = [f"# {title}", "", metrics_table(summaries)]
+    for name, s in summaries.items():
+        if s["per_source"]:
+            lines += [f"## {name}: per source", "", metrics_table(s["per_source"])]
+    lines += [f"![{img[:-4]}]({img})" for img in images]
+    lines += [""] + [f"- {n}" for n in notes]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

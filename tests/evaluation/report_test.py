@@ -1,0 +1,38 @@
+"""The markdown report and its plots."""
+
+import matplotlib.image
+
+from pau_jax.evaluation import report
+
+
+def _records(scores, matches, source="mbpp"):
+    return [
+        {"task_id": f"t{i}", "n_calls": 3, "stopped_by_agent": i % 2 == 0, "judge_score": s,
+         "code_match": m, "source": source}
+        for i, (s, m) in enumerate(zip(scores, matches))
+    ]  # fmt: skip
+
+
+def test_report_tables_and_plots(tmp_path):
+    runs = {
+        "interactive": _records([5, 4, None, 1], [1.0, 0.5, 0.0, 0.25]),
+        "in_context": _records([3, 3, 2, 1], [0.5, 0.5, 0.0, 0.0]),
+    }
+    path = report.write_report(tmp_path, runs, notes=["seed 0"])
+    text = path.read_text()
+    assert (
+        "| interactive | 4 | 3.33 ± 1.70 | 66.7% | 1 | 0.438 | 25.0% | 50.0% | 25.0% | 3.0 | 50.0% |"
+        in text
+    )
+    assert "| in_context | 4 | 2.25 ± 0.83 | 50.0% | 0 | 0.250 |" in text
+    assert "## interactive: per source" in text and "- seed 0" in text
+    for name in ("judge_scores.png", "code_match.png", "interactive_vs_in_context.png"):
+        assert f"]({name})" in text
+        image = matplotlib.image.imread(tmp_path / name)
+        assert image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_report_without_scores_shows_dashes(tmp_path):
+    runs = {"smoke": [{"task_id": "a", "n_calls": 1, "stopped_by_agent": False}]}
+    text = report.write_report(tmp_path, runs).read_text()
+    assert "| smoke | 1 | – | – | 0 | – |" in text
