@@ -1,0 +1,232 @@
+"""Decoder building blocks shared by Qwen3-style models: linear, RMSNorm, RoPE, attention, MLP.
+
+Every parameter carries logical axis names (``out_sharding`` metadata) drawn from
+``embed`` (D), ``heads`` (N*H), ``kv_heads`` (K*H), ``head_dim`` (H), ``mlp`` (F)
+and ``vocab`` (V). Linear kernels are stored ``[in, out]``, so ``q_proj`` is
+``[D, N*H]`` with axes ``("embed", "heads")`` and ``o_proj`` is ``[N*H, D]``
+with ``("heads", "embed")``; the merged ``N*H`` dimension is named after its
+head axis. ``sharding.py`` maps these names to mesh axes.
+
+The modules read their sizes from a config object with the fields of
+``qwen3.Qwen3Config`` (``hidden_size``, ``num_attention_heads``,
+``num_key_value_heads``, ``head_dim``, ``intermediate_size``, ``rms_norm_eps``,
+``rope_theta``, ``qk_norm``), so other decoders of the same shape can reuse them.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+Axes = tuple[str | None, ...]
+KV = tuple[jax.Array, jax.Array]
+
+INIT_STDDEV = 0.02
+
+
+def partitioned(initializer, axes: Axes):
+    """Wraps an initializer so the created parameter carries logical axis names.
+
+    Eager sharding is off: parameters are placed explicitly by the loader or by
+    the caller, never at creation time.
+    """
+    return nnx.with_partitioning(initializer, axes, eager_sharding=False)
+
+
+class Linear(nnx.Linear):
+    """Bias-free ``nnx.Linear`` ([in, out] kernel) whose output can carry a low-rank adapter.
+
+    ``lora`` is ``None`` or a module mapping ``x`` [..., in] to an additive
+    update [..., out] (set by ``lora.apply_lora``).
+    """
+
+    lora: Any = nnx.data(None)
+
+    def __init__(self, in_features: int, out_features: int, *, axes: Axes, dtype, rngs: nnx.Rngs):
+        super().__init__(
+            in_features,
+            out_features,
+            use_bias=False,
+            dtype=dtype,
+            param_dtype=dtype,
+            kernel_init=partitioned(nnx.initializers.normal(INIT_STDDEV), axes),
+            rngs=rngs,
+        )
+        self.lora = None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Maps [..., in] to [..., out] in the parameter dtype."""
+        y = super().__call__(x)
+        if self.lora is not None:
+            y = y + self.lora(x).astype(y.dtype)
+        return y
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm over the last axis, computed in float32 as ``w * x / rms(x)``."""
+
+    def __init__(self, size: int, *, eps: float, axis_name: str, dtype):
+        self.weight = nnx.Param(
+            jnp.ones((size,), dtype), out_sharding=(axis_name,), eager_sharding=False
+        )
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Normalises [..., size]; returns the input dtype."""
+        x32 = x.astype(jnp.float32)
+        inv_rms = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (self.weight[...].astype(jnp.float32) * (x32 * inv_rms)).astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
+    """Rotary inverse frequencies ``theta ** (-2i / H)``, [H / 2] float32."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    return (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate-half rotary embedding.
+
+    Args:
+      x: [B, T, N, H] queries or keys.
+      positions: [B, T] integer positions.
+      inv_freq: [H / 2] inverse frequencies.
+
+    Returns:
+      [B, T, N, H] in the dtype of ``x`` (computed in float32).
+    """
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, H/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query dot-product attention with an explicit mask and a float32 softmax.
+
+    Query head ``n`` uses key/value head ``n // (N / K)``; queries are reshaped
+    to [B, T, K, N/K, H] instead of repeating keys and values.
+
+    Args:
+      q: [B, T, N, H] queries.
+      k: [B, S, K, H] keys.
+      v: [B, S, K, H] values.
+      mask: [B, T, S] bool, True where query t may attend to key s. Rows with
+        no True entry produce finite values that callers must ignore.
+
+    Returns:
+      [B, T, N, H] in the dtype of ``v``.
+    """
+    b, t, n, h = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(b, t, kv_heads, n // kv_heads, h)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * (h**-0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    return out.reshape(b, t, n, h)
+
+
+class Attention(nnx.Module):
+    """Self-attention with GQA, optional per-head q/k RMSNorm before RoPE, and an optional KV cache."""
+
+    def __init__(self, config, *, dtype, rngs: nnx.Rngs):
+        d, h = config.hidden_size, config.head_dim
+        n, k = config.num_attention_heads, config.num_key_value_heads
+        self.num_heads, self.num_kv_heads, self.head_dim = n, k, h
+        self.rope_theta = config.rope_theta
+        self.q_proj = Linear(d, n * h, axes=("embed", "heads"), dtype=dtype, rngs=rngs)
+        self.k_proj = Linear(d, k * h, axes=("embed", "kv_heads"), dtype=dtype, rngs=rngs)
+        self.v_proj = Linear(d, k * h, axes=("embed", "kv_heads"), dtype=dtype, rngs=rngs)
+        self.o_proj = Linear(n * h, d, axes=("heads", "embed"), dtype=dtype, rngs=rngs)
+        if config.qk_norm:
+            eps = config.rms_norm_eps
+            self.q_norm = RMSNorm(h, eps=eps, axis_name="head_dim", dtype=dtype)
+            self.k_norm = RMSNorm(h, eps=eps, axis_name="head_dim", dtype=dtype)
+        else:
+            self.q_norm = None
+            self.k_norm = None
+
+    def __call__(
+        self,
+        x: jax.Array,
+        *,
+        positions: jax.Array,
+        mask: jax.Array,
+        cache: KV | None = None,
+        cache_index: jax.Array | int | None = None,
+    ) -> tuple[jax.Array, KV | None]:
+        """Attends T new tokens to themselves, or to the cache they are written into.
+
+        Args:
+          x: [B, T, D] inputs.
+          positions: [B, T] RoPE positions.
+          mask: [B, T, T] without a cache, [B, T, S] with one (bool).
+          cache: optional (keys, values), each [B, S, K, H].
+          cache_index: slot of the first new token in the cache (may be traced).
+
+        Returns:
+          ([B, T, D] output, updated (keys, values) or None).
+        """
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        inv_freq = rope_inv_freq(self.head_dim, self.rope_theta)
+        q = apply_rope(q, positions, inv_freq)
+        k = apply_rope(k, positions, inv_freq)
+        new_cache = None
+        if cache is not None:
+            start = (0, cache_index, 0, 0)
+            k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), start)
+            v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), start)
+            new_cache = (k, v)
+        out = attend(q, k.astype(q.dtype), v.astype(q.dtype), mask)
+        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), new_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward block: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config, *, dtype, rngs: nnx.Rngs):
+        d, f = config.hidden_size, config.intermediate_size
+        self.gate_proj = Linear(d, f, axes=("embed", "mlp"), dtype=dtype, rngs=rngs)
+        self.up_proj = Linear(d, f, axes=("embed", "mlp"), dtype=dtype, rngs=rngs)
+        self.down_proj = Linear(f, d, axes=("mlp", "embed"), dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Maps [B, T, D] to [B, T, D]."""
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm transformer block: attention and MLP, each with a residual connection."""
+
+    def __init__(self, config, *, dtype, rngs: nnx.Rngs):
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=eps, axis_name="embed", dtype=dtype)
+        self.self_attn = Attention(config, dtype=dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(
+            config.hidden_size, eps=eps, axis_name="embed", dtype=dtype
+        )
+        self.mlp = MLP(config, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x, *, positions, mask, cache=None, cache_index=None):
+        """Maps [B, T, D] to ([B, T, D], updated cache or None); see ``Attention``."""
+        attn, new_cache = self.self_attn(
+            self.input_layernorm(x),
+            positions=positions,
+            mask=mask,
+            cache=cache,
+            cache_index=cache_index,
+        )
+        x = x + attn
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, new_cache
