@@ -46,12 +46,14 @@ def smoke_run(
     2. loads that directory back (`load_hf`, `load_tokenizer`) and adds LoRA;
     3. runs the embedded demo tasks as batched PAU episodes (local JAX policy,
        sandboxed calls), writing trajectories to `episodes.jsonl`;
-    4. exports the adapter in PEFT format and writes `summary.json`.
+    4. scores the episodes (the same local model as judge and coder; code match
+       on held-out inputs in the sandbox) and writes `report.md` with plots;
+    5. exports the adapter in PEFT format and writes `summary.json`.
     """
     from flax import nnx
 
     from pau_jax import demo_tasks
-    from pau_jax.evaluation import runner
+    from pau_jax.evaluation import report, runner, score
     from pau_jax.models import lora, qwen3
     from pau_jax.policy.local import LocalPolicy
     from pau_jax.sandbox import Executor
@@ -82,9 +84,24 @@ def smoke_run(
         records = runner.run_episodes(
             specs, policy, executor, episode_config, out_path=out / "episodes.jsonl"
         )
+        all_records = runner.load_records(out / "episodes.jsonl")
+        references = {
+            t.task_id: score.Reference(
+                code=t.code, header=t.header, description=t.description, held_out=t.held_out
+            )
+            for t in demo_tasks.DEMO_TASKS
+        }
+        print("[smoke] scoring: judge and code match", flush=True)
+        scored = score.score_episodes(
+            all_records, references, judge_policy=policy, coder_policy=policy, executor=executor
+        )
+    with (out / "scored.jsonl").open("w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in scored)
+    report_path = report.write_report(
+        out, {"interactive": scored}, title="pau_jax smoke run (random weights)"
+    )
     lora.export_peft(model, out / "adapter")
 
-    all_records = runner.load_records(out / "episodes.jsonl")
     steps = [s for r in all_records for s in r["steps"]]
     summary = {
         "episodes": len(all_records),
@@ -93,10 +110,13 @@ def smoke_run(
         "steps": len(steps),
         "parse_ok_fraction": sum(s["parse_ok"] for s in steps) / max(len(steps), 1),
         "stopped_by_agent": sum(r["stopped_by_agent"] for r in all_records),
+        "judge_unparsed": sum(r["judge_score"] is None for r in scored),
+        "code_match_mean": sum(r["code_match"] for r in scored) / max(len(scored), 1),
         "lora_modules": n_adapted,
         "seconds": round(time.perf_counter() - t0, 2),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print("[smoke] " + ", ".join(f"{k}={v}" for k, v in summary.items()))
     print(f"[smoke] trajectories: {out / 'episodes.jsonl'}; adapter: {out / 'adapter'}")
+    print(f"[smoke] report: {report_path}")
     return summary

@@ -66,6 +66,10 @@ def test_quickstart_reduced_writes_every_artefact(tmp_path):
     peft_config = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
     assert peft_config["r"] == 4
     assert "[smoke] episodes=4" in proc.stdout
+    report = (run_dir / "report.md").read_text()
+    assert "| interactive | 4 |" in report and (run_dir / "code_match.png").exists()
+    scored = [json.loads(line) for line in (run_dir / "scored.jsonl").read_text().splitlines()]
+    assert all(0.0 <= r["code_match"] <= 1.0 for r in scored) and len(scored) == 4
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "gin").glob("*.gin")))

@@ -3,7 +3,8 @@
 An episode record is a dict with at least `n_calls` and `stopped_by_agent`, and
 optionally `judge_score` (1–5, or None when the judge's answer could not be
 parsed), `code_match` (fraction in [0, 1], or None) and `source`.
-Unparsed judge scores are counted and reported, never replaced by a value.
+Unparsed judge scores are counted and reported, never replaced by a value;
+records with `judge_skipped` (no gold description) are left out of the judge metrics.
 """
 
 from collections.abc import Sequence
@@ -58,7 +59,13 @@ def summarize(records: Sequence[dict]) -> dict:
             "episodes": len(rs),
             "calls": _mean_std(calls),
             "stop_rate": float(np.mean([bool(r["stopped_by_agent"]) for r in rs])) if rs else None,
-            "judge": judge_summary([r.get("judge_score") for r in rs if "judge_score" in r]),
+            "judge": judge_summary(
+                [
+                    r.get("judge_score")
+                    for r in rs
+                    if "judge_score" in r and not r.get("judge_skipped")
+                ]
+            ),
             "code_match": code_match_summary(
                 [r.get("code_match") for r in rs if "code_match" in r]
             ),

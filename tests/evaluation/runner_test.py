@@ -31,7 +31,9 @@ class ScriptedPolicy:
         return [self._reply(c[-1]["content"]) for c in conversations]
 
     def _reply(self, content):
-        task_id = next(t for t, *_ in demo_tasks.DEMO_TASKS if _examples_key(t) in content)
+        task_id = next(
+            t.task_id for t in demo_tasks.DEMO_TASKS if _examples_key(t.task_id) in content
+        )
         done = content.count(" -> ") - 2  # observations shown beyond the two examples
         if "Now write the arguments" in content:
             return "```\n" + PROBES[task_id][done] + "\n```"

@@ -94,3 +94,60 @@ def test_judge_batches_and_keeps_unparsed_as_none():
     assert seen == [2]
     assert [r.score for r in out] == [4, None]
     assert "(no description given)" in judge.judge_messages("x", "")[0]["content"]
+
+
+def test_score_episodes_batches_judge_and_coder(executor):
+    from pau_jax import demo_tasks
+    from pau_jax.evaluation import score
+
+    tasks = {t.task_id: t for t in demo_tasks.DEMO_TASKS}
+    references = {
+        tid: score.Reference(
+            code=t.code, header=t.header, description=t.description, held_out=t.held_out
+        )
+        for tid, t in tasks.items()
+    }
+    references["demo/runs"] = score.Reference(
+        code=tasks["demo/runs"].code,
+        header="def test_func(arg0):",
+        description="",
+        held_out=tasks["demo/runs"].held_out,
+    )
+    records = [
+        {
+            "task_id": tid,
+            "prediction": f"guess for {tid}",
+            "observations": [{"call": "test_func(1)", "result": "2"}],
+        }
+        for tid in tasks
+    ]
+    calls = []
+
+    def judge_policy(conversations):
+        calls.append(("judge", len(conversations)))
+        return ["Rating: 4"] * len(conversations)
+
+    def coder_policy(conversations):
+        calls.append(("coder", len(conversations)))
+        assert all("test_func(1) -> 2" in c[0]["content"] for c in conversations)
+        out = []
+        for c in conversations:
+            text = c[0]["content"]
+            tid = next(t for t in tasks if f"guess for {t}" in text)
+            out.append(f"```python\n{tasks[tid].code}```" if tid != "demo/sorted" else "no code")
+        return out
+
+    scored = score.score_episodes(
+        records, references, judge_policy=judge_policy, coder_policy=coder_policy,
+        executor=executor, with_observations=True,
+    )  # fmt: skip
+    by_id = {r["task_id"]: r for r in scored}
+    assert calls == [("judge", 3), ("coder", 4)]
+    assert by_id["demo/affine"]["code_match"] == 1.0 and by_id["demo/affine"]["judge_score"] == 4
+    assert by_id["demo/runs"]["judge_skipped"] and by_id["demo/runs"]["judge_score"] is None
+    assert by_id["demo/sorted"]["code_match"] == 0.0 and not by_id["demo/sorted"]["code_runnable"]
+    with pytest.raises(ValueError, match="no reference"):
+        score.score_episodes(
+            [{"task_id": "x", "prediction": "", "observations": []}], references,
+            judge_policy=judge_policy, coder_policy=coder_policy, executor=executor,
+        )  # fmt: skip
