@@ -1,0 +1,219 @@
+"""The reward schedule against hand-computed tables (paper and released length penalties)."""
+
+import dataclasses
+
+import pytest
+
+from pau_jax.env import episode
+from pau_jax.env.episode import EpisodeConfig, Phase
+from pau_jax.env.prompts import Observation
+from pau_jax.rl import rewards
+from pau_jax.rl.rewards import EpisodeRecord, RewardConfig, StepRecord
+
+PAPER = RewardConfig()
+RELEASED = RewardConfig(length_penalty="released")
+
+
+def words(n: int) -> str:
+    return " ".join(["w"] * n)
+
+
+def reasoning(n, score):
+    return StepRecord(phase=Phase.CONCEPTUALIZE, output=words(n), parse_ok=True, score=score)
+
+
+def inputs(n, *, parse_ok=True, call_ok=True):
+    return StepRecord(phase=Phase.GENERATE, output=words(n), parse_ok=parse_ok, call_ok=call_ok)
+
+
+def reflection(n, score, *, parse_ok=True):
+    return StepRecord(phase=Phase.REVISE, output=words(n), parse_ok=parse_ok, score=score)
+
+
+def test_defaults_are_the_papers_constants():
+    assert PAPER.clean_input_reward == pytest.approx(0.025)
+    assert (PAPER.lambda_h, PAPER.max_steps, PAPER.failure_reward) == (2.0, 40, -0.5)
+    assert (PAPER.reasoning_tau, PAPER.reasoning_alpha) == (100, 0.05)
+    assert (PAPER.input_tau, PAPER.input_alpha) == (30, 0.5)
+    assert PAPER.timeout_reward == -1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PAPER.lambda_h = 1.0
+    with pytest.raises(TypeError):
+        RewardConfig(2.0)
+    with pytest.raises(ValueError, match="length_penalty"):
+        RewardConfig(length_penalty="min")
+
+
+@pytest.mark.parametrize(
+    "n, tau, alpha, paper, released",
+    [
+        (0, 100, 0.05, 0.0, 0.0),
+        (100, 100, 0.05, 0.0, 0.0),
+        (101, 100, 0.05, -0.05, -1.0),  # released: -max(1, 1/200)
+        (110, 100, 0.05, -0.5, -1.0),
+        (120, 100, 0.05, -1.0, -1.0),
+        (140, 100, 0.05, -1.0, -1.0),  # paper caps at 1
+        (500, 100, 0.05, -1.0, -2.0),  # released: -max(1, 400/200)
+        (31, 30, 0.5, -0.5, -1.0),
+        (33, 30, 0.5, -1.0, -1.0),
+        (150, 30, 0.5, -1.0, -2.0),  # released: (150-30)/60
+    ],
+)
+def test_length_penalty_table(n, tau, alpha, paper, released):
+    assert rewards.length_penalty(n, tau=tau, alpha=alpha, mode="paper") == pytest.approx(paper)
+    assert rewards.length_penalty(n, tau=tau, alpha=alpha, mode="released") == pytest.approx(
+        released
+    )
+
+
+@pytest.mark.parametrize(
+    "done, score, expected",
+    [
+        (True, 0.9, 1.0),
+        (True, 0.71, 1.0),
+        (True, 0.7, -1.0),  # s <= 0.7 is a premature stop
+        (True, 0.1, -1.0),
+        (False, 0.29, 1.0),
+        (False, 0.3, 0.0),  # s < 0.3 needed
+        (False, 0.9, 0.0),
+    ],
+)
+def test_termination_bonus_table(done, score, expected):
+    assert rewards.termination_bonus(done, score, PAPER) == expected
+
+
+def test_stopped_episode_table():
+    record = EpisodeRecord(
+        steps=(
+            reasoning(104, 0.5),  # 0.5 - 0.05 * 4 = 0.3
+            inputs(10),  # clean: 2 / 80 = 0.025
+            reflection(20, 0.2),  # not done, s < 0.3: 2 * (0.2 + 1) = 2.4
+            reasoning(50, None),  # no critic reward, no length penalty: 0
+            inputs(32, call_ok=False),  # raised: -0.5, 2 words over 30: -min(1, 1.0) = -1.5
+            reflection(101, 0.8),  # done, s > 0.7: 2 * (0.8 + 1) - 0.05 = 3.55
+        ),
+        done=True,
+        timed_out=False,
+    )
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx(
+        [0.3, 0.025, 2.4, 0.0, -1.5, 3.55]
+    )
+    # Released length penalty: -1 for any step over its tau.
+    assert rewards.episode_rewards(record, RELEASED) == pytest.approx(
+        [0.5 - 1.0, 0.025, 2.4, 0.0, -0.5 - 1.0, 3.6 - 1.0]
+    )
+
+
+def test_timed_out_episode_and_failures_table():
+    record = EpisodeRecord(
+        steps=(
+            reasoning(5, 0.4),  # 0.4
+            inputs(3, parse_ok=False, call_ok=False),  # parse failure: -0.5
+            reflection(5, None, parse_ok=False),  # parse failure, no score: -0.5
+            reasoning(5, 1.0),  # 1.0
+            inputs(3),  # 0.025
+            reflection(5, 0.5),  # not done, 0.3 <= s: 2 * 0.5 = 1.0
+            reasoning(5, 0.0),  # 0.0, then the timeout: -1.0
+        ),
+        done=False,
+        timed_out=True,
+    )
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx(
+        [0.4, -0.5, -0.5, 1.0, 0.025, 1.0, -1.0]
+    )
+    terms = rewards.episode_terms(record, PAPER)
+    assert terms[-1]["timeout"] == -1.0 and all(t["timeout"] == 0 for t in terms[:-1])
+    assert terms[5] == {
+        "critic": 1.0,
+        "termination": 0.0,
+        "execution": 0.0,
+        "length": 0.0,
+        "timeout": 0.0,
+    }
+
+
+def test_premature_stop_and_parse_failed_reflection_with_a_score():
+    record = EpisodeRecord(
+        steps=(reflection(5, 0.3, parse_ok=False), reflection(5, 0.7)),
+        done=True,
+        timed_out=False,
+    )
+    # Step 0: -0.5 + 2 * (0.3 + 0) (not done, s not < 0.3); step 1: 2 * (0.7 - 1).
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx([0.1, -0.6])
+
+
+def test_constants_are_configurable():
+    config = RewardConfig(lambda_h=1.0, max_steps=10, timeout_reward=-3.0, failure_reward=-2.0)
+    record = EpisodeRecord(
+        steps=(inputs(1), inputs(1, call_ok=False), reflection(1, 0.1)),
+        done=False,
+        timed_out=True,
+    )
+    assert rewards.episode_rewards(record, config) == pytest.approx([0.05, -2.0, 1.1 - 3.0])
+
+
+def test_invalid_records_fail_loudly():
+    with pytest.raises(ValueError, match="both"):
+        rewards.episode_rewards(
+            EpisodeRecord(steps=(reflection(1, 0.9),), done=True, timed_out=True), PAPER
+        )
+    with pytest.raises(ValueError, match="REVISE"):
+        rewards.episode_rewards(
+            EpisodeRecord(steps=(inputs(1),), done=True, timed_out=False), PAPER
+        )
+    with pytest.raises(ValueError, match="critic score"):
+        bad = dataclasses.replace(inputs(1), score=0.5)
+        rewards.episode_rewards(EpisodeRecord(steps=(bad,), done=False, timed_out=False), PAPER)
+    with pytest.raises(ValueError, match="call_ok"):
+        bad = inputs(1, call_ok=None)
+        rewards.episode_rewards(EpisodeRecord(steps=(bad,), done=False, timed_out=False), PAPER)
+
+
+@dataclasses.dataclass
+class FakeResult:
+    ok: bool
+    value: object = None
+    error_type: str = ""
+    error_message: str = ""
+
+
+def _task():
+    return episode.Task(
+        task_id="t",
+        header="def test_func(arg0, arg1):",
+        n_params=2,
+        examples=(Observation(call="test_func(1, 2)", result="3"),),
+    )
+
+
+def test_records_from_real_episodes():
+    config = EpisodeConfig()
+    state = episode.start(_task(), config)
+    state = episode.on_conceptualize(state, "try two small numbers", config)
+    state, args = episode.on_generate(state, "```\n(2, 5)\n```", config)
+    state = episode.on_result(state, FakeResult(ok=True, value=7), config)
+    state = episode.on_revise(state, "Hypothesis: adds\nDecision: CONTINUE", config)
+    state = episode.on_conceptualize(state, "try strings", config)
+    state, args = episode.on_generate(state, "```\n('a', 1)\n```", config)
+    state = episode.on_result(
+        state, FakeResult(ok=False, error_type="TypeError", error_message="no"), config
+    )
+    state = episode.on_revise(state, "Hypothesis: adds numbers\nDecision: STOP", config)
+    record = rewards.record_from_state(state, [0.5, None, 0.2, 0.6, None, 0.9])
+    assert record.done and not record.timed_out
+    assert [s.call_ok for s in record.steps] == [None, True, None, None, False, None]
+    # 0.5 | 0.025 | 2 * (0.2 + 1) | 0.6 | -0.5 | 2 * (0.9 + 1)
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx(
+        [0.5, 0.025, 2.4, 0.6, -0.5, 3.8]
+    )
+    with pytest.raises(ValueError, match="one score"):
+        rewards.record_from_state(state, [0.5])
+
+    short = EpisodeConfig(max_steps=2)
+    state = episode.start(_task(), short)
+    state = episode.on_conceptualize(state, "think", short)
+    state, _ = episode.on_generate(state, "```\n(1, 1)\n```", short)
+    state = episode.on_result(state, FakeResult(ok=True, value=2), short)
+    record = rewards.record_from_state(state, [0.0, None])
+    assert record.timed_out and not record.done
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx([0.0, 0.025 - 1.0])
