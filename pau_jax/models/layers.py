@@ -10,7 +10,8 @@ head axis. ``sharding.py`` maps these names to mesh axes.
 The modules read their sizes from a config object with the fields of
 ``qwen3.Qwen3Config`` (``hidden_size``, ``num_attention_heads``,
 ``num_key_value_heads``, ``head_dim``, ``intermediate_size``, ``rms_norm_eps``,
-``rope_theta``, ``qk_norm``), so other decoders of the same shape can reuse them.
+``qk_norm``) and their rotary frequencies from its ``rope_frequencies()``, so
+other decoders of the same shape (Llama 3) reuse them with their own configs.
 """
 
 from typing import Any
@@ -86,6 +87,34 @@ def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
     return (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
 
 
+def llama3_scaled_inv_freq(
+    inv_freq: np.ndarray,
+    *,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
+) -> np.ndarray:
+    """Llama 3 RoPE frequency scaling of [H / 2] inverse frequencies (float32).
+
+    Wavelengths longer than ``original / low_freq_factor`` are divided by
+    ``factor``, those shorter than ``original / high_freq_factor`` are kept, and
+    the band in between interpolates smoothly between the two.
+    """
+    inv_freq = np.asarray(inv_freq, np.float32)
+    old_len = np.float32(original_max_position_embeddings)
+    low_wavelen = old_len / np.float32(low_freq_factor)
+    high_wavelen = old_len / np.float32(high_freq_factor)
+    wavelen = np.float32(2 * np.pi) / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / np.float32(factor), inv_freq)
+    smooth = (old_len / wavelen - np.float32(low_freq_factor)) / np.float32(
+        high_freq_factor - low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     """Rotate-half rotary embedding.
 
@@ -139,7 +168,8 @@ class Attention(nnx.Module):
         d, h = config.hidden_size, config.head_dim
         n, k = config.num_attention_heads, config.num_key_value_heads
         self.num_heads, self.num_kv_heads, self.head_dim = n, k, h
-        self.rope_theta = config.rope_theta
+        # Static (hashable) so the graph definition stays comparable; exact float32 round trip.
+        self.inv_freq = tuple(float(f) for f in config.rope_frequencies())
         self.q_proj = Linear(d, n * h, axes=("embed", "heads"), dtype=dtype, rngs=rngs)
         self.k_proj = Linear(d, k * h, axes=("embed", "kv_heads"), dtype=dtype, rngs=rngs)
         self.v_proj = Linear(d, k * h, axes=("embed", "kv_heads"), dtype=dtype, rngs=rngs)
@@ -179,7 +209,7 @@ class Attention(nnx.Module):
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        inv_freq = rope_inv_freq(self.head_dim, self.rope_theta)
+        inv_freq = np.asarray(self.inv_freq, np.float32)
         q = apply_rope(q, positions, inv_freq)
         k = apply_rope(k, positions, inv_freq)
         new_cache = None

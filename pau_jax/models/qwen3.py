@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from pau_jax.models import kv_cache, layers, sharding, weights
@@ -50,6 +51,10 @@ class Qwen3Config:
             )
         if self.head_dim <= 0 or self.head_dim % 2:
             raise ValueError(f"head_dim must be positive and even for RoPE, got {self.head_dim}")
+
+    def rope_frequencies(self) -> np.ndarray:
+        """The [head_dim / 2] float32 rotary inverse frequencies (unscaled RoPE)."""
+        return layers.rope_inv_freq(self.head_dim, self.rope_theta)
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], *, source: str = "config") -> "Qwen3Config":
