@@ -1,0 +1,355 @@
+"""Batched generation over a KV cache: a jitted prefill and a jitted `lax.while_loop` decode.
+
+The model is split once per call into a static graph definition and its state (base
+weights and any LoRA adapters, never merged); both jitted functions take the state as an
+argument, so new weights never recompile. The prefill caches each distinct prompt but its last
+token, computing no logits, and copies the cache to the prompt's G sample rows; the decode
+loop feeds one token per row per step (first the last prompt token), writes one cache
+slot in place (the cache is donated; the model state is not, since the caller keeps the
+model) and stops when every row has hit a stop token or the token budget.
+"""
+
+import collections
+import functools
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from pau_jax.models import kv_cache
+from pau_jax.sampling import batching, logits, output
+
+_TRACES: collections.Counter = collections.Counter()
+_CALLS: collections.Counter = collections.Counter()
+MAX_STOP_IDS = 8
+
+
+def trace_counts() -> dict[str, int]:
+    """How many times the prefill and decode functions were traced (compiled) so far."""
+    return dict(_TRACES)
+
+
+def call_counts() -> dict[str, int]:
+    """Prefill and decode calls so far, and the prompt rows prefilled (counted on the host)."""
+    return dict(_CALLS)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cache_len", "cache_dtype"))
+def _prefill(graphdef, state, input_ids, mask, row_source, *, cache_len, cache_dtype):
+    """Caches the distinct prompts (all but their last token) and lays them out as decode rows.
+
+    The last prompt token is left for the first decode step, so the prefill computes no
+    logits at all and every decode step has the same shape.
+
+    Args:
+      graphdef: the model's static graph definition.
+      state: the model's state (parameters).
+      input_ids: [U, W] prompts without their last token, left-padded.
+      mask: [U, W] 1 on those tokens.
+      row_source: [B] prompt index of every decode row.
+      cache_len: S, cache slots (W plus the new-token budget).
+      cache_dtype: dtype of cached keys and values.
+
+    Returns:
+      KVCache with B rows of S slots, slots [0, W) filled.
+    """
+    _TRACES["prefill"] += 1
+    model = nnx.merge(graphdef, state)
+    cache = kv_cache.init_cache(model.config, input_ids.shape[0], cache_len, cache_dtype)
+    positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
+    _, cache = model.decode(
+        input_ids,
+        positions=positions,
+        cache=cache,
+        cache_index=jnp.int32(0),
+        attention_mask=mask,
+        last_only=True,
+    )
+    return jax.tree.map(lambda x: jnp.take(x, row_source, axis=0), cache)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("graphdef", "buffer_len", "max_top_k"),
+    donate_argnames=("cache",),
+)
+def _decode(
+    graphdef,
+    state,
+    cache,
+    last_prompt_tokens,
+    prompt_lens,
+    active,
+    temperature,
+    top_k,
+    top_p,
+    stop_ids,
+    max_new_tokens,
+    uniforms,
+    *,
+    buffer_len,
+    max_top_k,
+):
+    """Samples up to `max_new_tokens` tokens per row.
+
+    Step i feeds one token (the last prompt token, then the token of step i - 1) into
+    slot S - N + i and samples the token of step i from its logits.
+
+    Args:
+      graphdef: the model's static graph definition.
+      state: the model's state (parameters).
+      cache: KVCache [B, S, K, H] with the prompts but their last token in slots [0, S - N).
+      last_prompt_tokens: [B] the last token of each row's prompt.
+      prompt_lens: [B] prompt lengths.
+      active: [B] bool; inactive rows are done from the start.
+      temperature, top_k, top_p: [B] per-row sampling settings.
+      stop_ids: [MAX_STOP_IDS] int32 stop ids, padded with -1.
+      max_new_tokens: int32 scalar budget (<= N).
+      uniforms: [B, N, 2] float32 uniforms in [0, 1), the randomness of each draw.
+      buffer_len: N, static size of the output buffers.
+      max_top_k: static candidate-set size.
+
+    Returns:
+      tokens [B, N] int32, logprobs [B, N], plain_logprobs [B, N], lengths [B],
+      stopped [B] bool, and the final cache.
+    """
+    _TRACES["decode"] += 1
+    model = nnx.merge(graphdef, state)
+    batch = last_prompt_tokens.shape[0]
+    first_slot = cache.max_len - buffer_len
+
+    def step_once(carry):
+        step = carry["step"]
+        step_logits, cache = model.decode(
+            carry["last"][:, None],
+            positions=(prompt_lens - 1 + step)[:, None],
+            cache=carry["cache"],
+            cache_index=first_slot + step,
+        )
+        tokens, logprobs, plain = logits.sample_tokens(
+            step_logits[:, -1],
+            jax.lax.dynamic_index_in_dim(uniforms, step, axis=1, keepdims=False),
+            temperature,
+            top_k,
+            top_p,
+            max_top_k=max_top_k,
+        )
+        live = ~carry["done"]
+        tokens = jnp.where(live, tokens, 0)
+        hit_stop = live & jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
+        lengths = carry["lengths"] + live
+        return dict(
+            step=step + 1,
+            last=tokens,
+            tokens=carry["tokens"].at[:, step].set(tokens),
+            logprobs=carry["logprobs"].at[:, step].set(jnp.where(live, logprobs, 0.0)),
+            plain=carry["plain"].at[:, step].set(jnp.where(live, plain, 0.0)),
+            lengths=lengths,
+            stopped=carry["stopped"] | hit_stop,
+            done=carry["done"] | hit_stop | (lengths >= max_new_tokens),
+            cache=cache,
+        )
+
+    def keep_going(carry):
+        return (carry["step"] < max_new_tokens) & ~jnp.all(carry["done"])
+
+    zeros = jnp.zeros((batch, buffer_len), jnp.float32)
+    carry = dict(
+        step=jnp.int32(0),
+        last=last_prompt_tokens,
+        tokens=jnp.zeros((batch, buffer_len), jnp.int32),
+        logprobs=zeros,
+        plain=zeros,
+        lengths=jnp.zeros(batch, jnp.int32),
+        stopped=jnp.zeros(batch, bool),
+        done=~active,
+        cache=cache,
+    )
+    carry = jax.lax.while_loop(keep_going, step_once, carry)
+    return (
+        carry["tokens"],
+        carry["logprobs"],
+        carry["plain"],
+        carry["lengths"],
+        carry["stopped"],
+        carry["cache"],
+    )
+
+
+def _per_row(value, name: str, num_prompts: int, n_samples: int, dtype) -> np.ndarray:
+    """Expands a scalar, per-prompt or per-row setting to one value per row."""
+    arr = np.asarray(value, dtype)
+    if arr.ndim == 0:
+        return np.full(num_prompts * n_samples, arr, dtype)
+    if arr.shape == (num_prompts,):
+        return np.repeat(arr, n_samples)
+    if arr.shape == (num_prompts * n_samples,):
+        return arr
+    raise ValueError(
+        f"{name} must be a scalar or have {num_prompts} (per prompt) or "
+        f"{num_prompts * n_samples} (per row) values, got shape {arr.shape}"
+    )
+
+
+def _uniforms(seed: int, rows: int, steps: int) -> np.ndarray:
+    """[rows, steps, 2] float32 uniforms in [0, 1); row r comes from default_rng((seed, r))."""
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    return np.stack(
+        [np.random.default_rng((seed, r)).random((steps, 2), np.float32) for r in range(rows)]
+    )
+
+
+def _padded(values: np.ndarray, rows: int, fill) -> np.ndarray:
+    """Pads a per-row array to the bucketed row count."""
+    out = np.full(rows, fill, values.dtype)
+    out[: len(values)] = values
+    return out
+
+
+def generate(
+    model: nnx.Module,
+    prompts,
+    *,
+    max_new_tokens: int,
+    temperature=0.0,
+    top_k=0,
+    top_p=1.0,
+    stop_token_ids: Sequence[int] = (),
+    n_samples: int = 1,
+    seed: int = 0,
+    prompt_mask=None,
+    stop_strings: Sequence[str] = (),
+    decode: Callable[[Sequence[int]], str] | None = None,
+    max_top_k: int = 64,
+    cache_dtype=None,
+) -> output.SampleOutput:
+    """Samples continuations of token-id prompts.
+
+    Args:
+      model: a decoder with `decode(...)` and `config` (e.g. `qwen3.Qwen3ForCausalLM`),
+        with or without LoRA adapters.
+      prompts: P token-id lists (any lengths), or a [P, T] integer array with `prompt_mask`.
+      max_new_tokens: budget of generated tokens per row.
+      temperature: 0 for greedy, else the softmax temperature; scalar, [P] or [P * G].
+      top_k: 0 for no limit, else keep the k most probable tokens (k <= `max_top_k`);
+        scalar, [P] or [P * G].
+      top_p: nucleus mass in (0, 1]; 1 for no limit; scalar, [P] or [P * G].
+      stop_token_ids: ids that end a row (kept as the row's last token).
+      n_samples: G, samples per prompt; each distinct prompt is prefilled once.
+      seed: seed of the draws; row r draws from numpy's default_rng((seed, r)), so its
+        samples do not depend on the other rows or the bucket sizes.
+      prompt_mask: with an array `prompts`, [P, T] with 1 on real tokens.
+      stop_strings: strings that end a row, found on the host with `decode`.
+      decode: maps token ids to text; needed for `stop_strings`, and fills `texts`.
+      max_top_k: static candidate-set size for top-k and top-p.
+      cache_dtype: dtype of the KV cache; defaults to the model's parameter dtype.
+
+    Returns:
+      A `SampleOutput` with P * G rows, prompt-major.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    if len(stop_token_ids) > MAX_STOP_IDS:
+        raise ValueError(f"at most {MAX_STOP_IDS} stop_token_ids, got {len(stop_token_ids)}")
+    if stop_strings and decode is None:
+        raise ValueError("stop_strings need a decode function; pass decode=tokenizer.decode")
+    prompt_lists = batching.prompts_as_lists(prompts, prompt_mask)
+    config = model.config
+    for i, prompt in enumerate(prompt_lists):
+        if prompt and not 0 <= min(prompt) <= max(prompt) < config.vocab_size:
+            raise ValueError(f"prompt {i} has ids outside [0, {config.vocab_size})")
+    num_prompts = len(prompt_lists)
+    temperature = _per_row(temperature, "temperature", num_prompts, n_samples, np.float32)
+    top_k = _per_row(top_k, "top_k", num_prompts, n_samples, np.int32)
+    top_p = _per_row(top_p, "top_p", num_prompts, n_samples, np.float32)
+    if (temperature < 0).any() or not np.isfinite(temperature).all():
+        raise ValueError("temperature must be finite and >= 0 (0 means greedy)")
+    if (top_k < 0).any() or (top_k > max_top_k).any():
+        raise ValueError(f"top_k must be in [0, max_top_k={max_top_k}]; raise max_top_k")
+    if not ((top_p > 0) & (top_p <= 1)).all():
+        raise ValueError("top_p must be in (0, 1]")
+
+    layout = batching.layout_batch(prompt_lists, n_samples)
+    rows = len(layout.row_source)
+    buffer_len = batching.bucket_size(max_new_tokens, **batching.NEW_TOKENS_BUCKET)
+    cache_len = layout.input_ids.shape[1] + buffer_len
+    graphdef, state = nnx.split(model)
+    if cache_dtype is None:
+        cache_dtype = model.dtype
+
+    start = time.perf_counter()
+    _CALLS["prefill"] += 1
+    _CALLS["prefill_rows"] += layout.input_ids.shape[0]
+    cache = _prefill(
+        graphdef,
+        state,
+        jnp.asarray(layout.input_ids),
+        jnp.asarray(layout.mask),
+        jnp.asarray(layout.row_source),
+        cache_len=cache_len,
+        cache_dtype=jnp.dtype(cache_dtype),
+    )
+    jax.block_until_ready(cache)
+    prefilled = time.perf_counter()
+    stop_ids = np.full(MAX_STOP_IDS, -1, np.int32)
+    stop_ids[: len(stop_token_ids)] = stop_token_ids
+    _CALLS["decode"] += 1
+    results = _decode(
+        graphdef,
+        state,
+        cache,
+        jnp.asarray(layout.last_tokens),
+        jnp.asarray(layout.prompt_lens),
+        jnp.asarray(layout.active),
+        jnp.asarray(_padded(temperature, rows, 0.0)),
+        jnp.asarray(_padded(top_k, rows, 0)),
+        jnp.asarray(_padded(top_p, rows, 1.0)),
+        jnp.asarray(stop_ids),
+        jnp.int32(max_new_tokens),
+        jnp.asarray(_uniforms(seed, rows, buffer_len)),
+        buffer_len=buffer_len,
+        max_top_k=max_top_k,
+    )
+    tokens, logprobs, plain, lengths, stopped = (np.asarray(x) for x in results[:5])
+    decoded = time.perf_counter()
+    return _assemble(
+        tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings,
+        prefill_seconds=prefilled - start, decode_seconds=decoded - prefilled,
+    )  # fmt: skip
+
+
+def _assemble(
+    tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings, **timings
+) -> output.SampleOutput:
+    """Cuts the device buffers into per-row results, applying stop strings on the host."""
+    out_tokens, out_logprobs, out_plain, out_lengths, reasons, texts = [], [], [], [], [], []
+    for row in range(layout.num_rows):
+        n = int(lengths[row])
+        ids = tokens[row, :n].tolist()
+        reason = "stop" if stopped[row] else "length"
+        if decode is not None:
+            n, text, cut = output.cut_at_stop_string(ids, decode, stop_strings)
+            ids = ids[:n]
+            reason = "stop" if cut else reason
+            texts.append(text)
+        out_tokens.append(ids)
+        out_logprobs.append(logprobs[row, :n].copy())
+        out_plain.append(plain[row, :n].copy())
+        out_lengths.append(n)
+        reasons.append(reason)
+    return output.SampleOutput(
+        tokens=out_tokens,
+        logprobs=out_logprobs,
+        plain_logprobs=out_plain,
+        lengths=np.asarray(out_lengths, np.int64),
+        finish_reasons=reasons,
+        texts=texts if decode is not None else None,
+        num_prefilled=layout.num_distinct,
+        **timings,
+    )
