@@ -1,0 +1,1 @@
+"""The pau dataset (TFDS builder folder)."""
