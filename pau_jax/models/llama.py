@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from pau_jax.models import layers, qwen3, sharding, weights
+from pau_jax.models import layers, qwen3, sharding
 
 _ARCHITECTURE = "LlamaForCausalLM"
 _ROPE_TYPES = ("default", "llama3")
@@ -225,12 +225,8 @@ def load_hf(
     Returns:
       (model, config).
     """
-    path = pathlib.Path(path)
-    config = LlamaConfig.from_json(path)
-    model = abstract_model(config, dtype)
-    ignore = ("lm_head.weight",) if config.tie_word_embeddings else ()
-    weights.load_into(model, path, dtype=model.dtype, mesh=mesh, rules=rules, ignore=ignore)
-    return model, config
+    config = LlamaConfig.from_json(pathlib.Path(path))
+    return qwen3.load_weights(config, path, dtype, mesh, rules=rules), config
 
 
 def save_hf(

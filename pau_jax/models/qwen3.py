@@ -366,10 +366,24 @@ def load_hf(
     """
     path = pathlib.Path(path)
     config = Qwen3Config.from_json(path)
+    return load_weights(config, path, dtype, mesh, rules=rules), config
+
+
+def load_weights(
+    config: Qwen3Config,
+    path: str | pathlib.Path,
+    dtype="float32",
+    mesh: jax.sharding.Mesh | None = None,
+    *,
+    rules: sharding.Rules = sharding.LOGICAL_RULES,
+) -> "Qwen3ForCausalLM":
+    """Builds the abstract model for ``config`` and fills it from the checkpoint in ``path``."""
     model = abstract_model(config, dtype)
     ignore = ("lm_head.weight",) if config.tie_word_embeddings else ()
-    weights.load_into(model, path, dtype=model.dtype, mesh=mesh, rules=rules, ignore=ignore)
-    return model, config
+    weights.load_into(
+        model, pathlib.Path(path), dtype=model.dtype, mesh=mesh, rules=rules, ignore=ignore
+    )
+    return model
 
 
 def save_hf(
