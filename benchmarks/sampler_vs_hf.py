@@ -10,8 +10,8 @@ loads it with `qwen3.load_hf`, and times, after warm-up, the median of `--repeat
 - the machine's weight-streaming bandwidth: a jitted float32 matrix-vector product over a
   matrix of `--bandwidth_gib` GiB. The batch-1 roofline is that bandwidth over the bytes of
   weights read per token (every parameter once; the tied embedding is the LM head).
-- group sampling: G = 8 samples of one prompt, whose prefill runs once, against a batch
-  of 8 distinct prompts (8 prefills).
+- group sampling: G = 8 samples of one prompt, whose prefill runs once, against the same
+  prompt alone and a batch of 8 distinct prompts (8 prefills), interleaved.
 
 Usage (from the repository root):
 
@@ -180,27 +180,36 @@ def main() -> None:
     print(f"matvec_bandwidth={rate / 1e9:.1f} GB/s over {flags.bandwidth_gib} GiB")
     print(f"roofline_b1={roofline:.2f} tokens/s (bandwidth / weight bytes)")
 
-    group = flags.group
+    # Group sampling: G samples of one prompt, interleaved with one prompt alone and with G
+    # distinct prompts, all with the same short budget, comparing prefill times.
+    group, group_new = flags.group, flags.group_new_tokens
     calls = sampler.call_counts()
-    grouped = [
-        generate(
-            model,
-            prompts[:1].tolist(),
-            max_new_tokens=flags.group_new_tokens,
-            n_samples=group,
-            temperature=1.0,
-            seed=seed,
+    grouped, alone, distinct = [], [], []
+    for seed in range(flags.warmup + flags.repeats):
+        grouped.append(
+            generate(
+                model,
+                prompts[:1].tolist(),
+                max_new_tokens=group_new,
+                n_samples=group,
+                temperature=1.0,
+                seed=seed,
+            )
         )
-        for seed in range(flags.warmup + flags.repeats)
-    ]
+        alone.append(generate(model, prompts[:1].tolist(), max_new_tokens=group_new))
+        distinct.append(generate(model, prompts[:group].tolist(), max_new_tokens=group_new))
     after = sampler.call_counts()
     runs = len(grouped)
-    group_prefill = statistics.median(g.prefill_seconds for g in grouped[flags.warmup :])
+
+    def prefill_s(outs):
+        return statistics.median(o.prefill_seconds for o in outs[flags.warmup :])
+
     print(
-        f"group G={group} of 1 prompt: {(after['prefill'] - calls['prefill']) / runs:.0f} "
-        f"prefill call(s) of {(after['prefill_rows'] - calls['prefill_rows']) / runs:.0f} "
-        f"prompt row(s) per generate; prefill {group_prefill:.3f} s (batch 1: "
-        f"{prefill[1]:.3f} s, batch of 8 distinct prompts: {prefill[8]:.3f} s); "
+        f"group G={group} of 1 prompt: {(after['prefill'] - calls['prefill']) / runs / 3:.0f} "
+        f"prefill call per generate; prompt rows prefilled: G samples of 1 prompt "
+        f"{grouped[-1].num_prefilled}, {group} distinct prompts {distinct[-1].num_prefilled}; "
+        f"prefill {prefill_s(grouped):.3f} s (1 prompt alone {prefill_s(alone):.3f} s, "
+        f"{group} distinct prompts {prefill_s(distinct):.3f} s); "
         f"{len({tuple(t) for t in grouped[-1].tokens})} distinct continuations of {group}"
     )
     ratio_b8 = ours[8] / theirs[8] if theirs else float("nan")

@@ -9,23 +9,93 @@ from pau_jax.policy.local import SamplingConfig
 
 _REGISTERED = []
 
+# Modules whose frozen `*Config` dataclasses gin may construct, under their own module
+# names (e.g. `@pau_jax.rl.grpo.GRPOConfig()`).
+CONFIG_MODULES = (
+    "pau_jax.models.qwen3",
+    "pau_jax.models.llama",
+    "pau_jax.env.episode",
+    "pau_jax.policy.local",
+    "pau_jax.policy.http",
+    "pau_jax.rl.rewards",
+    "pau_jax.rl.grpo",
+    "pau_jax.rl.learner",
+    "pau_jax.rl.critic",
+    "pau_jax.rl.rollout",
+    "pau_jax.rl.loop",
+    "pau_jax.sft.trainer",
+    "pau_jax.evaluation.pipeline",
+    "pau_jax.parallel",
+)
+
+# Functions chosen by reference in gin files (`advantage_fn = @pau_jax.rl.credit.return_to_go`).
+FUNCTIONS = (
+    ("pau_jax.rl.credit", "return_to_go"),
+    ("pau_jax.rl.credit", "final_only"),
+    ("pau_jax.rl.credit", "last_step_broadcast"),
+)
+
+# Run mode -> (module, function): the entry functions gin binds as `pau_jax.experiment.<name>`.
+ENTRIES = {
+    "smoke": ("pau_jax.experiment", "smoke_run"),
+    "train": ("pau_jax.rl.loop", "train"),
+    "eval": ("pau_jax.evaluation.pipeline", "evaluate"),
+}
+
+
+def _import(name: str):
+    """The module `name`, or None while it does not exist in this checkout."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name == name or name.startswith(f"{e.name}."):
+            return None
+        raise
+
 
 def register_configurables() -> None:
     """Makes the entry functions and config dataclasses known to gin (called by launch only)."""
     if _REGISTERED:
         return
+    import dataclasses
+
     import gin
 
-    from pau_jax.models import qwen3
-
-    for cls, module in (
-        (qwen3.Qwen3Config, "pau_jax.models.qwen3"),
-        (EpisodeConfig, "pau_jax.env.episode"),
-        (SamplingConfig, "pau_jax.policy.local"),
-    ):
-        gin.external_configurable(cls, module=module)
-    gin.external_configurable(smoke_run, module="pau_jax.experiment")
+    for module_name in CONFIG_MODULES:
+        module = _import(module_name)
+        if module is None:
+            continue
+        for name, obj in vars(module).items():
+            if (
+                name.endswith("Config")
+                and isinstance(obj, type)
+                and dataclasses.is_dataclass(obj)
+                and obj.__module__ == module_name
+            ):
+                gin.external_configurable(obj, module=module_name)
+    for module_name, name in FUNCTIONS:
+        gin.external_configurable(getattr(_import(module_name), name), module=module_name)
+    gin.external_configurable(run_defaults, module="pau_jax.experiment")
+    for mode, (module_name, name) in ENTRIES.items():
+        module = _import(module_name)
+        if module is not None:
+            gin.external_configurable(
+                getattr(module, name), name=ENTRY_NAMES[mode], module="pau_jax.experiment"
+            )
     _REGISTERED.append(True)
+
+
+# The gin names of the entry functions: `pau_jax.experiment.train`, ... .
+ENTRY_NAMES = {"smoke": "smoke_run", "train": "train", "eval": "evaluate"}
+
+
+def run_defaults(*, run_mode: str = "train") -> str:
+    """The run mode a gin file selects (`run_defaults.run_mode = 'eval'`); `--run_mode` wins."""
+    if run_mode not in ENTRY_NAMES:
+        raise ValueError(f"run_mode must be one of {sorted(ENTRY_NAMES)}, got {run_mode!r}")
+    return run_mode
 
 
 def smoke_run(

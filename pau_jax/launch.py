@@ -22,7 +22,7 @@ import time
 from absl import app, flags, logging
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
-RUN_MODES = ("smoke",)
+RUN_MODES = ("smoke", "train", "eval")
 
 _GIN_FILES = flags.DEFINE_multi_string(
     "gin_file", [], "Gin files, parsed in order (later files override earlier ones)."
@@ -30,7 +30,12 @@ _GIN_FILES = flags.DEFINE_multi_string(
 _GIN_BINDINGS = flags.DEFINE_multi_string(
     "gin_bindings", [], "Individual gin bindings, applied after the files."
 )
-_RUN_MODE = flags.DEFINE_enum("run_mode", "smoke", RUN_MODES, "What to run.")
+_RUN_MODE = flags.DEFINE_enum(
+    "run_mode",
+    None,
+    RUN_MODES,
+    "What to run; default: what the gin files bind (`run_defaults.run_mode = 'eval'`), else train.",
+)
 _RUN_DIR = flags.DEFINE_string(
     "run_dir", None, "Output directory; default runs/<run_mode>-<timestamp>."
 )
@@ -108,14 +113,14 @@ def main(argv):
     files = [_resolve_gin_file(f) for f in _GIN_FILES.value]
     bindings = list(_GIN_BINDINGS.value) + _EXTRA_BINDINGS
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=True)
-    mode = _RUN_MODE.value
+    mode = _RUN_MODE.value or gin.get_configurable("pau_jax.experiment.run_defaults")()
     run_dir = pathlib.Path(_RUN_DIR.value or f"runs/{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
     if _DRY_RUN.value:
         print(gin.config_str())
         return
     _record_run(run_dir, gin.config_str())
     logging.info("run directory: %s", run_dir)
-    entry = gin.get_configurable({"smoke": "pau_jax.experiment.smoke_run"}[mode])
+    entry = gin.get_configurable(f"pau_jax.experiment.{experiment.ENTRY_NAMES[mode]}")
     entry(run_dir=str(run_dir))
     # The operative config lists only what was actually used; write it after the run.
     (run_dir / "operative_config.gin").write_text(gin.operative_config_str())
