@@ -109,4 +109,4 @@ def parse_description(text: str) -> str:
     markers = list(_HYPOTHESIS.finditer(body))
     if markers:
         body = body[markers[-1].end() :]
-    return body.strip()
+    return body.strip().strip("*").strip()

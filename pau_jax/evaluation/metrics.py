@@ -2,7 +2,9 @@
 
 An episode record is a dict with at least `n_calls` and `stopped_by_agent`, and
 optionally `judge_score` (1–5, or None when the judge's answer could not be
-parsed), `code_match` (fraction in [0, 1], or None) and `source`.
+parsed), `code_match` (fraction in [0, 1], or None), `source` and the failure-mode
+fields of `failure_modes.attribute`. `stopped_by_agent` is None in in-context
+records (no stop decision) and such records are left out of the stop rate.
 Unparsed judge scores are counted and reported, never replaced by a value;
 records with `judge_skipped` (no gold description) are left out of the judge metrics.
 """
@@ -10,6 +12,8 @@ records with `judge_skipped` (no gold description) are left out of the judge met
 from collections.abc import Sequence
 
 import numpy as np
+
+from pau_jax.evaluation import failure_modes
 
 CODE_MATCH_BINS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -55,10 +59,11 @@ def summarize(records: Sequence[dict]) -> dict:
 
     def block(rs):
         calls = np.array([r["n_calls"] for r in rs], dtype=np.float64)
-        return {
+        stops = [bool(r["stopped_by_agent"]) for r in rs if r["stopped_by_agent"] is not None]
+        out = {
             "episodes": len(rs),
             "calls": _mean_std(calls),
-            "stop_rate": float(np.mean([bool(r["stopped_by_agent"]) for r in rs])) if rs else None,
+            "stop_rate": float(np.mean(stops)) if stops else None,
             "judge": judge_summary(
                 [
                     r.get("judge_score")
@@ -70,6 +75,9 @@ def summarize(records: Sequence[dict]) -> dict:
                 [r.get("code_match") for r in rs if "code_match" in r]
             ),
         }
+        if any("failure_by" in r for r in rs):
+            out["failure_modes"] = failure_modes.failure_summary(rs)
+        return out
 
     out = block(list(records))
     sources = sorted({r["source"] for r in records if r.get("source")})

@@ -3,7 +3,9 @@
 Inputs are scored episode records (see `metrics`) grouped by run name, e.g.
 {"interactive": [...], "in_context": [...]}. Plots: judge-score distributions,
 code-match histograms (20% bins) and, when both modes are present, interactive
-versus in-context per item.
+versus in-context per item. Runs whose records carry failure-mode attributions
+(`failure_modes.attribute`) get a table of failure modes; confidence intervals
+and paired comparisons computed by the caller are shown as tables too.
 """
 
 import os
@@ -37,6 +39,44 @@ def metrics_table(summaries: Mapping[str, dict]) -> str:
             f"{_fmt(s['calls']['mean'], 1)} | {_fmt(s['stop_rate'], pct=True)} |"
         )
     return header + "\n".join(rows) + "\n"
+
+
+def failure_table(summaries: Mapping[str, dict]) -> str:
+    """One markdown row per run with attributed low-scoring episodes: counts per category."""
+    from pau_jax.evaluation.failure_modes import CATEGORIES
+
+    rows = [(n, s["failure_modes"]) for n, s in summaries.items() if "failure_modes" in s]
+    if not rows:
+        return ""
+    header = (
+        "| run | low-scoring | "
+        + " | ".join(CATEGORIES)
+        + " | unparsed | unjudged | by pre-check |\n"
+        + "|---" * (len(CATEGORIES) + 5)
+        + "|\n"
+    )
+    lines = [
+        f"| {name} | {f['low_scoring']} | "
+        + " | ".join(str(f["counts"][c]) for c in CATEGORIES)
+        + f" | {f['unparsed']} | {f['unjudged']} | {f['by_precheck']} |"
+        for name, f in rows
+    ]
+    return header + "\n".join(lines) + "\n"
+
+
+def interval_table(intervals: Mapping[str, Mapping[str, dict]]) -> str:
+    """Rows `| name | metric | estimate | low | high |` from {name: {metric: interval dict}}."""
+    lines = [
+        "| run | metric | estimate | CI low | CI high | confidence |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, by_metric in intervals.items():
+        for metric, iv in by_metric.items():
+            lines.append(
+                f"| {name} | {metric} | {_fmt(iv['estimate'], 3)} | {_fmt(iv['low'], 3)} | "
+                f"{_fmt(iv['high'], 3)} | {_fmt(iv['confidence'], pct=True)} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def _plots(runs: Mapping[str, Sequence[dict]], summaries: Mapping[str, dict], out: pathlib.Path):
@@ -101,8 +141,19 @@ def write_report(
     *,
     title: str = "PAU evaluation",
     notes: Sequence[str] = (),
+    intervals: Mapping[str, Mapping[str, dict]] | None = None,
+    comparisons: Mapping[str, Mapping[str, dict]] | None = None,
 ) -> pathlib.Path:
-    """Writes `report.md` and its PNG plots into `run_dir`; returns the report path."""
+    """Writes `report.md` and its PNG plots into `run_dir`; returns the report path.
+
+    Args:
+      run_dir: output folder.
+      runs: run name -> scored records.
+      title: the report's heading.
+      notes: bullet lines at the end.
+      intervals: run name -> metric -> bootstrap interval (`dataclasses.asdict(stats.Interval)`).
+      comparisons: "a vs b" -> metric -> paired interval of mean(a - b), with `p_value`.
+    """
     if not runs:
         raise ValueError("write_report needs at least one run of scored records")
     out = pathlib.Path(run_dir)
@@ -110,6 +161,18 @@ def write_report(
     summaries = {name: metrics.summarize(records) for name, records in runs.items()}
     images = _plots(runs, summaries, out)
     lines = [f"# {title}", "", metrics_table(summaries)]
+    if intervals:
+        lines += ["## Bootstrap confidence intervals", "", interval_table(intervals)]
+    if comparisons:
+        lines += ["## Paired comparisons (mean of a − b)", "", interval_table(comparisons)]
+        lines += [
+            f"- {name}, {metric}: permutation p = {_fmt(iv.get('p_value'), 4)}"
+            for name, by_metric in comparisons.items()
+            for metric, iv in by_metric.items()
+        ] + [""]
+    failures = failure_table(summaries)
+    if failures:
+        lines += ["## Failure modes of low-scoring episodes", "", failures]
     for name, s in summaries.items():
         if s["per_source"]:
             lines += [f"## {name}: per source", "", metrics_table(s["per_source"])]

@@ -8,19 +8,31 @@ from pau_jax.evaluation import code_match, judge
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Reference:
-    """What scoring needs about a task: the true code, gold description and E_test inputs."""
+    """What scoring needs about a task.
+
+    Attributes:
+      code: the true function's source.
+      header: the anonymised signature.
+      description: the gold description ('' when there is none).
+      held_out: E_test argument tuples.
+      examples: the shown examples as `call -> result` lines (given to the coder in the
+        with-observations variant, before the episode's own calls).
+      source: the benchmark the task comes from (copied into scored records).
+    """
 
     code: str
     header: str
     description: str
     held_out: tuple[tuple, ...]
+    examples: tuple[str, ...] = ()
+    source: str = ""
 
 
 def score_episodes(
     records: Sequence[dict],
     references: dict[str, Reference],
     *,
-    judge_policy,
+    judge_policy=None,
     coder_policy,
     executor,
     with_observations: bool = False,
@@ -31,38 +43,48 @@ def score_episodes(
     The judge and the coder are each called once for all records (batched).
     Tasks with an empty gold description get `judge_score = None` and
     `judge_skipped = True` (nothing to compare with); the code match still runs.
+    A reference's non-empty `source` is copied into the record as `source`.
 
     Args:
-      with_observations: give the coder the episode's observed calls too (the
-        "description + examples" variant).
+      judge_policy: the judge; None skips judging (every record `judge_skipped`).
+      with_observations: give the coder the shown examples and the episode's
+        observed calls too (the "description + examples" variant).
     """
     missing = [r["task_id"] for r in records if r["task_id"] not in references]
     if missing:
         raise ValueError(f"no reference for tasks {missing[:5]}; pass references for every record")
-    to_judge = [r for r in records if references[r["task_id"]].description]
-    verdicts = judge.judge(
-        judge_policy,
-        [(references[r["task_id"]].description, r["prediction"]) for r in to_judge],
+    to_judge = [
+        r for r in records if judge_policy is not None and references[r["task_id"]].description
+    ]
+    verdicts = (
+        judge.judge(
+            judge_policy,
+            [(references[r["task_id"]].description, r["prediction"]) for r in to_judge],
+        )
+        if to_judge
+        else []
     )
     by_id = {r["task_id"]: v for r, v in zip(to_judge, verdicts, strict=True)}
     coder_prompts = []
     for r in records:
         ref = references[r["task_id"]]
         shown = (
-            [f"{o['call']} -> {o['result']}" for o in r["observations"]]
+            list(ref.examples) + [f"{o['call']} -> {o['result']}" for o in r["observations"]]
             if with_observations
             else []
         )
         coder_prompts.append(code_match.coder_messages(ref.header, r["prediction"], shown))
-    codes = [code_match.extract_code(t) for t in coder_policy(coder_prompts)]
+    codes = [code_match.extract_code(t) for t in coder_policy(coder_prompts)] if records else []
     out = []
     for r, code in zip(records, codes, strict=True):
         ref = references[r["task_id"]]
         match = code_match.score_code(executor, ref.code, code, ref.held_out, timeout_s=timeout_s)
         verdict = by_id.get(r["task_id"])
+        extra = {"source": ref.source} if ref.source else {}
         out.append(
             dict(
                 r,
+                **extra,
                 judge_score=verdict.score if verdict else None,
                 judge_raw=verdict.raw if verdict else "",
                 judge_skipped=verdict is None,

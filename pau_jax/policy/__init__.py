@@ -2,7 +2,10 @@
 
 The seam is `Policy`: `policy(conversations) -> texts`, one reply per
 conversation, in order. Backends: `local.LocalPolicy` (the JAX sampler over a
-Qwen3 checkpoint, optionally with LoRA).
+local checkpoint, optionally with LoRA), `http.HTTPPolicy` (any OpenAI-compatible
+endpoint) and `scripted` (an oracle that reads the source, a random prober and a
+scripted coder, for tests and baselines). `server.PolicyServer` serves any policy
+over OpenAI-compatible HTTP.
 """
 
 from collections.abc import Sequence

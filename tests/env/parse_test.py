@@ -79,3 +79,21 @@ def test_strip_think_removes_blocks_and_open_tail():
 def test_parse_description():
     assert parse.parse_description("<think>hmm</think>Description: adds one") == "adds one"
     assert parse.parse_description("adds one to x") == "adds one to x"
+
+
+DESCRIPTION_CASES = [
+    # (model output, description)
+    ("Description: adds one", "adds one"),
+    ("Sure!\nDescription:\nSquares n.\n", "Squares n."),
+    ("Description: first\nDescription: second", "second"),
+    ("Final description: reverses the list", "reverses the list"),
+    ("<think>Description: no</think>", ""),
+    ("<think>plan</think>It returns the maximum.", "It returns the maximum."),
+    ("", ""),
+    ("**Description:** adds one", "adds one"),
+]
+
+
+@pytest.mark.parametrize("text,description", DESCRIPTION_CASES)
+def test_parse_description_table(text, description):
+    assert parse.parse_description(text) == description

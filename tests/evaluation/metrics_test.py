@@ -60,3 +60,13 @@ def test_summarize_overall_and_per_source():
 def test_empty_inputs():
     assert metrics.judge_summary([])["mean"] is None
     assert metrics.code_match_summary([None])["bins"] == [0, 0, 0, 0, 0]
+
+
+def test_stop_rate_leaves_out_records_without_a_stop_decision():
+    records = [
+        {"n_calls": 3, "stopped_by_agent": True},
+        {"n_calls": 5, "stopped_by_agent": False},
+        {"n_calls": 0, "stopped_by_agent": None},
+    ]
+    assert metrics.summarize(records)["stop_rate"] == pytest.approx(0.5)
+    assert metrics.summarize(records[2:])["stop_rate"] is None

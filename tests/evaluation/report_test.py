@@ -36,3 +36,18 @@ def test_report_without_scores_shows_dashes(tmp_path):
     runs = {"smoke": [{"task_id": "a", "n_calls": 1, "stopped_by_agent": False}]}
     text = report.write_report(tmp_path, runs).read_text()
     assert "| smoke | 1 | – | – | 0 | – |" in text
+
+
+def test_report_intervals_and_comparisons(tmp_path):
+    runs = {"interactive": _records([5, 4], [1.0, 0.5])}
+    intervals = {"interactive": {"code_match": {"estimate": 0.75, "low": 0.5, "high": 1.0,
+                                                "confidence": 0.95}}}  # fmt: skip
+    comparisons = {"interactive vs in_context": {"code_match": {
+        "estimate": 0.25, "low": -0.1, "high": 0.5, "confidence": 0.95, "p_value": 0.5}}}  # fmt: skip
+    text = report.write_report(
+        tmp_path, runs, intervals=intervals, comparisons=comparisons
+    ).read_text()
+    assert "| interactive | code_match | 0.750 | 0.500 | 1.000 | 95.0% |" in text
+    assert "| interactive vs in_context | code_match | 0.250 | -0.100 | 0.500 | 95.0% |" in text
+    assert "permutation p = 0.5000" in text
+    assert "Failure modes" not in text

@@ -151,3 +151,34 @@ def test_score_episodes_batches_judge_and_coder(executor):
             [{"task_id": "x", "prediction": "", "observations": []}], references,
             judge_policy=judge_policy, coder_policy=coder_policy, executor=executor,
         )  # fmt: skip
+
+
+def test_with_observations_shows_examples_first_and_copies_source(executor):
+    from pau_jax.evaluation import score
+
+    reference = score.Reference(
+        code="def test_func(arg0):\n    return arg0 * 2\n",
+        header="def test_func(arg0):",
+        description="Doubles.",
+        held_out=((1,), (5,)),
+        examples=("test_func(2) -> 4", "test_func(0) -> 0"),
+        source="mbpp",
+    )
+    record = {"task_id": "t", "prediction": "doubles", "observations": [
+        {"call": "test_func(3)", "result": "6"}]}  # fmt: skip
+    seen = []
+
+    def coder(conversations):
+        seen.append(conversations[0][0]["content"])
+        return ["```python\ndef test_func(arg0):\n    return arg0 + arg0\n```"]
+
+    for with_observations in (True, False):
+        (scored,) = score.score_episodes(
+            [record], {"t": reference}, coder_policy=coder, executor=executor,
+            with_observations=with_observations,
+        )  # fmt: skip
+        assert scored["code_match"] == 1.0 and scored["source"] == "mbpp"
+        # No judge given: nothing judged, nothing invented.
+        assert scored["judge_skipped"] and scored["judge_score"] is None
+    calls = "test_func(2) -> 4\ntest_func(0) -> 0\ntest_func(3) -> 6"
+    assert calls in seen[0] and "test_func(2) -> 4" not in seen[1]

@@ -137,6 +137,13 @@ def test_faults_are_retried(faulty):
     assert client.retries == 4 and not client.failures
 
 
+def test_rate_limit_is_retried_and_counted(faulty):
+    FaultyHandler.script = ["429", "429"]
+    client = _client(faulty, max_retries=2, max_concurrency=1)
+    assert client(CONVERSATIONS[:1]) == ["fine"]
+    assert client.retries == 2 and FaultyHandler.seen == 3 and not client.failures
+
+
 def test_persistent_failure_is_recorded_not_raised(faulty):
     FaultyHandler.script = ["500"] * 3 + ["400"]
     client = _client(faulty, max_retries=2, max_concurrency=1)

@@ -1,0 +1,107 @@
+"""In-context mode: the agent describes a function from its header and two examples, without calls.
+
+All pending tasks go into one batched policy call (or one call per chunk of
+`batch_size`); each answer becomes a JSONL record with the fields that
+`score.score_episodes` and `metrics.summarize` read (`task_id`, `prediction`,
+`n_calls = 0`, `observations = []`, ...). Records are appended and fsynced per
+chunk, and a rerun with the same file skips tasks already recorded.
+"""
+
+import json
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+
+from pau_jax.env import parse, prompts
+from pau_jax.evaluation import runner
+
+
+def messages(task) -> list[dict]:
+    """The in-context prompt of an `episode.Task` (header and shown examples only)."""
+    view = prompts.EpisodeView(header=task.header, examples=task.examples)
+    return prompts.in_context_messages(view)
+
+
+def in_context_record(task, text: str, *, seconds: float) -> dict:
+    """The record of one answer; `stopped_by_agent` is None (the mode has no stop decision)."""
+    description = parse.parse_description(text)
+    return {
+        "task_id": task.task_id,
+        "header": task.header,
+        "mode": "in_context",
+        "prediction": description,
+        "finish_reason": "in_context",
+        "stopped_by_agent": None,
+        "n_calls": 0,
+        "n_steps": 1,
+        "observations": [],
+        "steps": [
+            {
+                "phase": "in_context",
+                "messages": messages(task),
+                "output": text,
+                "parse_ok": bool(description),
+                "parse_error": "" if description else "empty description",
+            }
+        ],
+        "seconds": seconds,
+    }
+
+
+def _prepare(path: pathlib.Path) -> None:
+    """Creates the folder and cuts a last line left without its newline by a crash."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with path.open("r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
+
+def run_in_context(
+    specs: Sequence[runner.EpisodeSpec],
+    policy,
+    *,
+    out_path: str | os.PathLike | None = None,
+    batch_size: int | None = None,
+    progress: bool = True,
+) -> list[dict]:
+    """Asks for a description of every task; returns the records made now.
+
+    Args:
+      specs: the tasks (task ids must be unique); only `spec.task` is used.
+      policy: `policy(conversations) -> texts`.
+      out_path: JSONL file; tasks already in it are skipped, new records appended.
+      batch_size: tasks per policy call; None puts all pending tasks in one call.
+      progress: print a progress line to stderr.
+    """
+    ids = [s.task.task_id for s in specs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("task ids passed to run_in_context must be unique")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+    path = pathlib.Path(out_path) if out_path is not None else None
+    skip = set()
+    if path is not None:
+        _prepare(path)
+        skip = runner.finished_ids(path)
+    pending = [s.task for s in specs if s.task.task_id not in skip]
+    size = batch_size or max(len(pending), 1)
+    records = []
+    for start in range(0, len(pending), size):
+        chunk = pending[start : start + size]
+        t0 = time.perf_counter()
+        texts = policy([messages(t) for t in chunk])
+        seconds = (time.perf_counter() - t0) / len(chunk)
+        made = [in_context_record(t, x, seconds=seconds) for t, x in zip(chunk, texts, strict=True)]
+        if path is not None:
+            with path.open("a") as f:
+                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in made)
+                f.flush()
+                os.fsync(f.fileno())
+        records += made
+        if progress:
+            print(f"in-context {len(records)}/{len(pending)}", file=sys.stderr, flush=True)
+    return records

@@ -1,0 +1,425 @@
+"""The eval run mode: episodes (interactive and/or in-context), scoring, failure modes, metrics, report.
+
+`evaluate` is the function gin binds as `pau_jax.experiment.evaluate`. Every
+choice is a keyword argument; the dataset and the three model seats (agent,
+judge, coder) are small frozen configs chosen by gin reference:
+
+    pau_jax.experiment.evaluate.dataset = @pau_jax.evaluation.pipeline.DatasetConfig()
+    pau_jax.experiment.evaluate.policy = @policy/pau_jax.evaluation.pipeline.HTTPBackendConfig()
+    pau_jax.experiment.evaluate.judge = @judge/pau_jax.evaluation.pipeline.LocalBackendConfig()
+
+Written into `run_dir`, per run name (`interactive`, `in_context`, and
+`<mode>+observations` for the coder variant that sees the observed calls):
+`<mode>_episodes.jsonl` (resumable), `<run>_scored.jsonl` (resumable),
+`metrics.json`, `report.md` and PNG plots.
+"""
+
+import dataclasses
+import json
+import pathlib
+import time
+from collections.abc import Sequence
+
+from pau_jax.env.episode import EpisodeConfig
+from pau_jax.evaluation import failure_modes, in_context, metrics, report, runner, score, stats
+from pau_jax.evaluation import tasks as tasks_lib
+from pau_jax.policy.http import HTTPConfig
+from pau_jax.policy.local import SamplingConfig
+
+MODES = ("interactive", "in_context")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DemoTasksConfig:
+    """The tasks embedded in `pau_jax.demo_tasks` (no dataset needed)."""
+
+    limit: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DatasetConfig:
+    """A built split of the TFDS `pau` dataset.
+
+    Attributes:
+      config: builder config ('default', 'debug').
+      split: 'test' or 'train'.
+      data_dir: the TFDS data_dir it was built into.
+      limit: evaluate the first `limit` items (by task id); None: all.
+      build_if_missing: build it into `data_dir` first when absent (from
+        `manual_dir`, or the builder's dummy data for the debug config).
+      manual_dir: folder of source files for `build_if_missing`.
+    """
+
+    config: str = "default"
+    split: str = "test"
+    data_dir: str = "~/tensorflow_datasets"
+    limit: int | None = None
+    build_if_missing: bool = False
+    manual_dir: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LocalBackendConfig:
+    """A Hugging Face checkpoint directory (Qwen3 or Llama) run by the JAX sampler.
+
+    Attributes:
+      checkpoint_dir: folder with config.json and safetensors.
+      sampling: how replies are sampled (greedy by default).
+      adapter_dir: optional PEFT LoRA adapter folder added to the model.
+      dtype: parameter dtype ('float32' on CPU, 'bfloat16' on accelerators).
+      tokenizer: tokenizer path or 'qwen3-offline'; default: the checkpoint's own.
+    """
+
+    checkpoint_dir: str
+    sampling: SamplingConfig = SamplingConfig()
+    adapter_dir: str | None = None
+    dtype: str = "float32"
+    tokenizer: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HTTPBackendConfig:
+    """An OpenAI-compatible chat endpoint (vLLM, SGLang, a hosted API, `PolicyServer`)."""
+
+    http: HTTPConfig = HTTPConfig()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OracleBackendConfig:
+    """`scripted.OraclePolicy`: reads each task's source (an upper bound; tests)."""
+
+    n_probes: int = 3
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RandomProberBackendConfig:
+    """`scripted.RandomProber`: seeded random inputs, a table as hypothesis (a baseline)."""
+
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScriptedCoderBackendConfig:
+    """`scripted.ScriptedCoder`: fenced code from the description, else a lookup table."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScriptedJudgeBackendConfig:
+    """`scripted.OverlapJudge`: word-overlap ratings, rule-based failure modes (tests only)."""
+
+
+class _Backends:
+    """Builds policies from backend configs; local checkpoints are loaded once and shared."""
+
+    def __init__(self, specs):
+        self.specs = specs
+        self._models = {}
+
+    def build(self, backend):
+        from pau_jax.policy import scripted
+
+        if isinstance(backend, LocalBackendConfig):
+            return self._local(backend)
+        if isinstance(backend, HTTPBackendConfig):
+            from pau_jax.policy.http import HTTPPolicy
+
+            return HTTPPolicy(backend.http)
+        if isinstance(backend, OracleBackendConfig):
+            return scripted.OraclePolicy(self.specs, n_probes=backend.n_probes, seed=backend.seed)
+        if isinstance(backend, RandomProberBackendConfig):
+            return scripted.RandomProber(seed=backend.seed)
+        if isinstance(backend, ScriptedCoderBackendConfig):
+            return scripted.ScriptedCoder()
+        if isinstance(backend, ScriptedJudgeBackendConfig):
+            return scripted.OverlapJudge()
+        raise TypeError(
+            f"unknown backend {backend!r}; use one of the *BackendConfig classes of {__name__}"
+        )
+
+    def _local(self, backend: LocalBackendConfig):
+        from pau_jax.models import llama, lora, qwen3
+        from pau_jax.policy.local import LocalPolicy
+        from pau_jax.tokenizer import load_tokenizer
+
+        if not backend.checkpoint_dir:
+            raise ValueError(
+                "LocalBackendConfig.checkpoint_dir is not set: pass --gin.CHECKPOINT=\"'/path'\" "
+                "or choose another backend (e.g. HTTPBackendConfig)"
+            )
+        path = pathlib.Path(backend.checkpoint_dir).expanduser()
+        key = (str(path), backend.adapter_dir, backend.dtype, backend.tokenizer)
+        if key not in self._models:
+            config_file = path / "config.json"
+            if not config_file.exists():
+                raise FileNotFoundError(f"no config.json in checkpoint_dir {path}")
+            model_type = json.loads(config_file.read_text()).get("model_type", "qwen3")
+            loader = llama.load_hf if model_type == "llama" else qwen3.load_hf
+            model, _ = loader(path, dtype=backend.dtype)
+            if backend.adapter_dir:
+                n = lora.load_peft(model, pathlib.Path(backend.adapter_dir).expanduser())
+                print(f"[eval] LoRA adapter on {n} modules from {backend.adapter_dir}", flush=True)
+            self._models[key] = (model, load_tokenizer(backend.tokenizer or path))
+        model, tokenizer = self._models[key]
+        return LocalPolicy(model, tokenizer, backend.sampling)
+
+
+def _load_tasks(dataset, executor, config: EpisodeConfig):
+    if isinstance(dataset, DemoTasksConfig):
+        specs, references = tasks_lib.demo(executor, config)
+        return specs[: dataset.limit] if dataset.limit is not None else specs, references
+    if isinstance(dataset, DatasetConfig):
+        if dataset.build_if_missing:
+            tasks_lib.ensure_built(
+                dataset.data_dir, config=dataset.config, manual_dir=dataset.manual_dir
+            )
+        records = tasks_lib.load_split(
+            dataset.config, dataset.split, dataset.data_dir, limit=dataset.limit
+        )
+        return tasks_lib.from_records(records, config)
+    raise TypeError(f"dataset must be a DatasetConfig or DemoTasksConfig, got {dataset!r}")
+
+
+def _interval(values, seed: int, resamples: int) -> dict | None:
+    if not values:
+        return None
+    return dataclasses.asdict(stats.bootstrap_mean(values, n_resamples=resamples, seed=seed))
+
+
+def _comparison(a: dict, b: dict, key: str, seed: int, resamples: int) -> dict | None:
+    common = sorted(
+        t for t in a if t in b and a[t].get(key) is not None and b[t].get(key) is not None
+    )
+    if not common:
+        return None
+    x = [float(a[t][key]) for t in common]
+    y = [float(b[t][key]) for t in common]
+    out = dataclasses.asdict(stats.paired_bootstrap(x, y, n_resamples=resamples, seed=seed))
+    out["p_value"] = stats.paired_permutation_test(x, y, n_permutations=resamples, seed=seed)
+    out["n"] = len(common)
+    return out
+
+
+def _score_run(
+    records,
+    references,
+    path: pathlib.Path,
+    *,
+    judge_policy,
+    coder_policy,
+    executor,
+    with_observations: bool,
+    judged: dict | None,
+    attribute: bool,
+    low_code_match: float,
+    low_judge_score: int,
+    batch_size: int,
+    timeout_s: float,
+) -> list[dict]:
+    """Scores the records not yet in `path` in chunks (appending each), returns all scored ones."""
+    done = runner.finished_ids(path) if path.exists() else set()
+    pending = [r for r in records if r["task_id"] not in done]
+    golds = {t: ref.description for t, ref in references.items()}
+    for start in range(0, len(pending), batch_size):
+        chunk = pending[start : start + batch_size]
+        scored = score.score_episodes(
+            chunk,
+            references,
+            judge_policy=None if judged is not None else judge_policy,
+            coder_policy=coder_policy,
+            executor=executor,
+            with_observations=with_observations,
+            timeout_s=timeout_s,
+        )
+        if judged is not None:  # Judge fields come from the run that was judged already.
+            keys = ("judge_score", "judge_raw", "judge_skipped")
+            scored = [dict(r, **{k: judged[r["task_id"]][k] for k in keys}) for r in scored]
+        if attribute:
+            scored = failure_modes.attribute(
+                scored,
+                judge_policy,
+                golds=golds,
+                code_match_below=low_code_match,
+                judge_below=low_judge_score,
+            )
+        with path.open("a") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in scored)
+        print(
+            f"[eval] scored {min(start + batch_size, len(pending))}/{len(pending)} -> {path.name}"
+        )
+    wanted = {r["task_id"] for r in records}
+    return [r for r in runner.load_records(path) if r["task_id"] in wanted]
+
+
+def evaluate(
+    *,
+    run_dir: str,
+    policy,
+    dataset=DemoTasksConfig(),
+    modes: Sequence[str] = ("interactive",),
+    judge=None,
+    coder=None,
+    episode_config: EpisodeConfig = EpisodeConfig(),
+    sandbox_workers: int = 2,
+    call_timeout_s: float = 2.0,
+    max_parallel_calls: int = 8,
+    coder_observations: Sequence[bool] = (False,),
+    attribute_failures: bool = True,
+    low_code_match: float = 0.5,
+    low_judge_score: int = 3,
+    in_context_batch_size: int | None = None,
+    score_batch_size: int = 64,
+    bootstrap_seed: int = 0,
+    bootstrap_resamples: int = 10_000,
+    title: str = "PAU evaluation",
+) -> dict:
+    """Runs the PAU protocol and writes episodes, scores, metrics and a report into `run_dir`.
+
+    Args:
+      run_dir: output folder (a rerun with the same folder resumes).
+      policy: the agent's backend (a `*BackendConfig` of this module).
+      dataset: `DatasetConfig` (a built TFDS split) or `DemoTasksConfig`.
+      modes: any of 'interactive' and 'in_context'.
+      judge: the judge's backend; None uses the agent's.
+      coder: the coder's backend; None uses the agent's.
+      episode_config: the protocol constants (budget, history window, display).
+      sandbox_workers: worker processes of the sandbox.
+      call_timeout_s: wall-clock limit of one sandboxed call.
+      max_parallel_calls: sandbox calls in flight at once during episodes.
+      coder_observations: code-match variants: False = description only, True = the
+        coder also sees the shown examples and observed calls. (False, True) reports both.
+      attribute_failures: classify low-scoring episodes (pre-check + judge).
+      low_code_match, low_judge_score: an episode is low-scoring below either bound.
+      in_context_batch_size: tasks per policy call in in-context mode (None: all).
+      score_batch_size: episodes per judge/coder call (each chunk is saved).
+      bootstrap_seed, bootstrap_resamples: the confidence intervals and paired tests.
+      title: heading of report.md.
+
+    Returns:
+      The metrics written to metrics.json.
+    """
+    from pau_jax.sandbox import Executor
+
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"modes must be a non-empty subset of {MODES}, got {tuple(modes)}")
+    if not coder_observations or len(set(coder_observations)) != len(coder_observations):
+        raise ValueError(
+            f"coder_observations must be (False,), (True,) or both, got {coder_observations}"
+        )
+    out = pathlib.Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    runs, failures = {}, {}
+    with Executor(workers=sandbox_workers) as executor:
+        specs, references = _load_tasks(dataset, executor, episode_config)
+        if not specs:
+            raise ValueError(f"the dataset {dataset!r} has no items to evaluate")
+        print(f"[eval] {len(specs)} tasks; modes {tuple(modes)}", flush=True)
+        backends = _Backends(specs)
+        agent = backends.build(policy)
+        judge_policy = agent if judge is None else backends.build(judge)
+        coder_policy = agent if coder is None else backends.build(coder)
+        ids = {s.task.task_id for s in specs}
+        for mode in modes:
+            episodes_path = out / f"{mode}_episodes.jsonl"
+            if mode == "interactive":
+                runner.run_episodes(
+                    specs,
+                    agent,
+                    executor,
+                    episode_config,
+                    out_path=episodes_path,
+                    call_timeout_s=call_timeout_s,
+                    max_parallel_calls=max_parallel_calls,
+                )
+            else:
+                in_context.run_in_context(
+                    specs, agent, out_path=episodes_path, batch_size=in_context_batch_size
+                )
+            records = [r for r in runner.load_records(episodes_path) if r["task_id"] in ids]
+            print(f"[eval] {mode}: {len(records)} episodes in {episodes_path.name}", flush=True)
+            judged = None
+            for with_obs in coder_observations:
+                name = f"{mode}+observations" if with_obs else mode
+                scored = _score_run(
+                    records,
+                    references,
+                    out / f"{name}_scored.jsonl",
+                    judge_policy=judge_policy,
+                    coder_policy=coder_policy,
+                    executor=executor,
+                    with_observations=with_obs,
+                    judged=judged,
+                    attribute=attribute_failures,
+                    low_code_match=low_code_match,
+                    low_judge_score=low_judge_score,
+                    batch_size=score_batch_size,
+                    timeout_s=call_timeout_s,
+                )
+                judged = judged or {r["task_id"]: r for r in scored}
+                runs[name] = scored
+    for name, seat in (("policy", agent), ("judge", judge_policy), ("coder", coder_policy)):
+        if hasattr(seat, "failures"):
+            failures[name] = len(seat.failures)
+
+    seed, n_boot = bootstrap_seed, bootstrap_resamples
+    summaries = {name: metrics.summarize(records) for name, records in runs.items()}
+    intervals = {}
+    for name, records in runs.items():
+        matches = [r["code_match"] for r in records if r.get("code_match") is not None]
+        judged_scores = [r["judge_score"] for r in records if r.get("judge_score") is not None]
+        ivs = {"code_match": _interval(matches, seed, n_boot)}
+        ivs["judge"] = _interval(judged_scores, seed, n_boot)
+        intervals[name] = {k: v for k, v in ivs.items() if v is not None}
+    comparisons, ensembles = {}, {}
+    for suffix in ("", "+observations"):
+        a, b = runs.get("interactive" + suffix), runs.get("in_context" + suffix)
+        if a is None or b is None:
+            continue
+        by_a = {r["task_id"]: r for r in a}
+        by_b = {r["task_id"]: r for r in b}
+        pair = {
+            key: _comparison(by_a, by_b, key, seed, n_boot) for key in ("code_match", "judge_score")
+        }
+        comparisons[f"interactive{suffix} vs in_context{suffix}"] = {
+            k: v for k, v in pair.items() if v is not None
+        }
+        best = stats.max_ensemble(
+            {
+                "interactive": {t: r["code_match"] for t, r in by_a.items()},
+                "in_context": {t: r["code_match"] for t, r in by_b.items() if t in by_a},
+            }
+        )
+        ensembles[f"max(interactive{suffix}, in_context{suffix})"] = {
+            "code_match_mean": sum(best.values()) / len(best),
+            "n": len(best),
+        }
+    result = {
+        "tasks": len(specs),
+        "runs": summaries,
+        "intervals": intervals,
+        "comparisons": comparisons,
+        "max_ensemble": ensembles,
+        "backend_failures": failures,
+        "bootstrap": {"seed": seed, "resamples": n_boot},
+        "episode_config": dataclasses.asdict(episode_config),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
+    notes = [f"{len(specs)} tasks; call budget {episode_config.call_budget}"]
+    notes += [f"{k}: code match mean {v['code_match_mean']:.3f}" for k, v in ensembles.items()]
+    notes += [f"{seat} backend: {n} failed requests" for seat, n in failures.items() if n]
+    path = report.write_report(
+        out, runs, title=title, notes=notes, intervals=intervals, comparisons=comparisons
+    )
+    for name, s in summaries.items():
+        j, c = s["judge"], s["code_match"]
+        judge_text = f"{j['mean']:.2f}" if j["mean"] is not None else "n/a"
+        print(
+            f"[eval] {name}: episodes={s['episodes']} code_match={c['mean']:.3f} "
+            f"judge={judge_text} (unparsed {j['unparsed']}) calls={s['calls']['mean']:.1f}",
+            flush=True,
+        )
+    print(f"[eval] metrics: {out / 'metrics.json'}; report: {path}", flush=True)
+    return result

@@ -1,0 +1,251 @@
+"""The eval run mode: `evaluate` with every backend kind, resume, and the launcher end to end."""
+
+import http.server
+import json
+import pathlib
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from pau_jax.evaluation import pipeline
+from pau_jax.policy import scripted
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTED = dict(
+    judge=pipeline.ScriptedJudgeBackendConfig(),
+    coder=pipeline.ScriptedCoderBackendConfig(),
+    bootstrap_resamples=500,
+)
+
+
+def _lines(path):
+    return path.read_text().splitlines()
+
+
+def test_demo_tasks_both_modes_and_resume(tmp_path, capsys):
+    config = pipeline.EpisodeConfig(call_budget=3)
+    kwargs = dict(
+        policy=pipeline.OracleBackendConfig(n_probes=2),
+        modes=("interactive", "in_context"),
+        coder_observations=(False, True),
+        episode_config=config,
+        **SCRIPTED,
+    )
+    result = pipeline.evaluate(run_dir=str(tmp_path), **kwargs)
+    runs = result["runs"]
+    assert set(runs) == {
+        "interactive",
+        "interactive+observations",
+        "in_context",
+        "in_context+observations",
+    }
+    assert all(s["code_match"]["mean"] == 1.0 and s["episodes"] == 4 for s in runs.values())
+    assert runs["interactive"]["calls"]["mean"] == 2.0 and runs["interactive"]["stop_rate"] == 1.0
+    assert runs["in_context"]["stop_rate"] is None
+    assert runs["interactive"]["per_source"]["demo"]["episodes"] == 4
+    assert result["intervals"]["interactive"]["code_match"]["low"] == 1.0
+    pair = result["comparisons"]["interactive vs in_context"]["code_match"]
+    assert pair["estimate"] == 0.0 and pair["p_value"] == 1.0 and pair["n"] == 4
+    assert result["max_ensemble"]["max(interactive, in_context)"]["code_match_mean"] == 1.0
+    assert json.loads((tmp_path / "metrics.json").read_text()) == json.loads(json.dumps(result))
+    report = (tmp_path / "report.md").read_text()
+    assert "| interactive | 4 |" in report and "| in_context+observations | 4 |" in report
+    assert "## Paired comparisons" in report and "## Failure modes" in report
+    for name in ("judge_scores.png", "code_match.png", "interactive_vs_in_context.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+    out = capsys.readouterr().out
+    assert "[eval] interactive: episodes=4 code_match=1.000" in out
+
+    # A killed run: one episode and two scores lost. The rerun redoes only those.
+    episodes = tmp_path / "interactive_episodes.jsonl"
+    scored = tmp_path / "interactive_scored.jsonl"
+    kept_episodes, kept_scores = _lines(episodes)[:3], _lines(scored)[:2]
+    episodes.write_text("\n".join(kept_episodes) + "\n")
+    scored.write_text("\n".join(kept_scores) + "\n" + '{"task_id": "demo/x", "tor')
+    again = pipeline.evaluate(run_dir=str(tmp_path), **kwargs)
+    assert _lines(episodes)[:3] == kept_episodes and len(_lines(episodes)) == 4
+    assert _lines(scored)[:2] == kept_scores and len(_lines(scored)) == 4
+    assert again["runs"]["interactive"]["code_match"]["mean"] == 1.0
+
+
+def test_debug_split_oracle_beats_random_prober(tmp_path):
+    dataset = pipeline.DatasetConfig(
+        config="debug", data_dir=str(tmp_path / "tfds"), build_if_missing=True, limit=6
+    )
+    means = {}
+    for backend in (pipeline.OracleBackendConfig(), pipeline.RandomProberBackendConfig(seed=1)):
+        name = type(backend).__name__
+        result = pipeline.evaluate(
+            run_dir=str(tmp_path / name),
+            policy=backend,
+            dataset=dataset,
+            episode_config=pipeline.EpisodeConfig(call_budget=4),
+            **SCRIPTED,
+        )
+        means[name] = result["runs"]["interactive"]["code_match"]["mean"]
+        assert result["tasks"] == 6
+    assert means["OracleBackendConfig"] == 1.0
+    assert means["RandomProberBackendConfig"] < 0.5
+    # The random prober's low scores were classified (rule-based stand-in judge).
+    metrics = json.loads((tmp_path / "RandomProberBackendConfig" / "metrics.json").read_text())
+    assert metrics["runs"]["interactive"]["failure_modes"]["low_scoring"] >= 5
+
+
+class _OracleHandler(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint answering with a scripted policy."""
+
+    policy = None
+    requests = 0
+
+    def log_message(self, *args):
+        del args
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests += 1
+        text = type(self).policy([body["messages"]])[0]
+        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]})
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data.encode())
+
+
+def test_http_backend(tmp_path):
+    from pau_jax import demo_tasks
+    from pau_jax.env.episode import EpisodeConfig
+    from pau_jax.policy.http import HTTPConfig
+    from pau_jax.sandbox import Executor
+
+    with Executor(workers=1) as ex:
+        specs = demo_tasks.demo_specs(ex, EpisodeConfig())
+    _OracleHandler.policy = scripted.OraclePolicy(specs, n_probes=1)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OracleHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        backend = pipeline.HTTPBackendConfig(http=HTTPConfig(base_url=url, model="oracle"))
+        result = pipeline.evaluate(
+            run_dir=str(tmp_path), policy=backend, modes=("in_context",), **SCRIPTED
+        )
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert _OracleHandler.requests == 4
+    assert result["runs"]["in_context"]["code_match"]["mean"] == 1.0
+    assert result["backend_failures"] == {"policy": 0}
+
+
+def test_local_backend_tiny_checkpoint(tmp_path):
+    from flax import nnx
+
+    from pau_jax.models import qwen3
+    from pau_jax.policy.local import SamplingConfig
+    from pau_jax.tokenizer import save_offline_tokenizer
+
+    config = qwen3.Qwen3Config(
+        vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
+        rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=2048,
+    )  # fmt: skip
+    checkpoint = tmp_path / "ckpt"
+    qwen3.save_hf(qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)), config, checkpoint)
+    save_offline_tokenizer(checkpoint)
+    backend = pipeline.LocalBackendConfig(
+        checkpoint_dir=str(checkpoint), sampling=SamplingConfig(max_new_tokens=4)
+    )
+    backends = pipeline._Backends([])
+    first, second = backends.build(backend), backends.build(backend)
+    assert first.model is second.model  # one copy of the weights for several seats
+    result = pipeline.evaluate(
+        run_dir=str(tmp_path / "run"),
+        policy=backend,
+        dataset=pipeline.DemoTasksConfig(limit=2),
+        modes=("in_context",),
+        **SCRIPTED,
+    )
+    assert result["runs"]["in_context"]["episodes"] == 2
+    records = [json.loads(x) for x in _lines(tmp_path / "run" / "in_context_episodes.jsonl")]
+    assert all(r["steps"][0]["output"] for r in records)
+
+
+def test_bad_arguments_are_clear(tmp_path):
+    oracle = pipeline.OracleBackendConfig()
+    with pytest.raises(ValueError, match="modes must be"):
+        pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, modes=("both",))
+    with pytest.raises(ValueError, match="coder_observations"):
+        pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, coder_observations=())
+    with pytest.raises(TypeError, match="dataset must be"):
+        pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, dataset="demo")
+    with pytest.raises(ValueError, match="checkpoint_dir is not set"):
+        pipeline.evaluate(
+            run_dir=str(tmp_path), policy=pipeline.LocalBackendConfig(checkpoint_dir=None)
+        )
+    with pytest.raises(TypeError, match="unknown backend"):
+        pipeline.evaluate(run_dir=str(tmp_path), policy="oracle")
+    with pytest.raises(FileNotFoundError, match="not built under"):
+        pipeline.evaluate(
+            run_dir=str(tmp_path),
+            policy=oracle,
+            dataset=pipeline.DatasetConfig(config="debug", data_dir=str(tmp_path / "none")),
+        )
+
+
+def _launch(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "pau_jax.launch", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
+    )
+
+
+def test_launch_eval_tiny_writes_every_artefact(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _launch(
+        "--gin_file=eval/interactive.gin",
+        "--gin_file=debug/eval_tiny.gin",
+        f"--run_dir={run_dir}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "[eval] interactive: episodes=4 code_match=1.000" in proc.stdout
+    for name in ("config.gin", "run_info.json", "operative_config.gin", "metrics.json",
+                 "report.md", "judge_scores.png", "code_match.png",
+                 "interactive_vs_in_context.png"):  # fmt: skip
+        assert (run_dir / name).stat().st_size > 0, name
+    assert "run_mode = 'eval'" in (run_dir / "config.gin").read_text()
+    assert "OracleBackendConfig" in (run_dir / "operative_config.gin").read_text()
+    for mode in ("interactive", "in_context"):
+        episodes = [json.loads(x) for x in _lines(run_dir / f"{mode}_episodes.jsonl")]
+        assert len(episodes) == 4
+        for run in (mode, f"{mode}+observations"):
+            scored = [json.loads(x) for x in _lines(run_dir / f"{run}_scored.jsonl")]
+            assert [r["code_match"] for r in scored] == [1.0] * 4
+            assert all(r["judge_score"] in range(1, 6) and r["source"] == "demo" for r in scored)
+    interactive = [json.loads(x) for x in _lines(run_dir / "interactive_episodes.jsonl")]
+    assert all(r["n_calls"] == 2 and r["stopped_by_agent"] for r in interactive)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["episode_config"]["call_budget"] == 3
+    assert metrics["bootstrap"] == {"seed": 0, "resamples": 1000}
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        ("eval/interactive.gin",),
+        ("eval/in_context.gin",),
+        ("eval/interactive.gin", "debug/eval_tiny.gin"),
+        ("eval/in_context.gin", "debug/eval_tiny.gin"),
+    ],
+)
+def test_eval_gin_files_parse(files, tmp_path):
+    proc = _launch(*[f"--gin_file={f}" for f in files], "--dry_run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "run_defaults.run_mode = 'eval'" in proc.stdout
+    if files[0] == "eval/in_context.gin":
+        assert "evaluate.title = 'PAU evaluation (in-context)'" in proc.stdout
