@@ -4,7 +4,6 @@ import json
 import pathlib
 import time
 
-from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy.local import SamplingConfig
 
 _REGISTERED = []
@@ -14,6 +13,7 @@ _REGISTERED = []
 CONFIG_MODULES = (
     "pau_jax.models.qwen3",
     "pau_jax.models.llama",
+    "pau_jax.models.qwen3_moe",
     "pau_jax.env.episode",
     "pau_jax.policy.local",
     "pau_jax.policy.http",
@@ -37,7 +37,7 @@ FUNCTIONS = (
 
 # Run mode -> (module, function): the entry functions gin binds as `pau_jax.experiment.<name>`.
 ENTRIES = {
-    "smoke": ("pau_jax.experiment", "smoke_run"),
+    "quickstart": ("pau_jax.experiment", "quickstart"),
     "train": ("pau_jax.rl.loop", "train"),
     "eval": ("pau_jax.evaluation.pipeline", "evaluate"),
 }
@@ -88,7 +88,7 @@ def register_configurables() -> None:
 
 
 # The gin names of the entry functions: `pau_jax.experiment.train`, ... .
-ENTRY_NAMES = {"smoke": "smoke_run", "train": "train", "eval": "evaluate"}
+ENTRY_NAMES = {"quickstart": "quickstart", "train": "train", "eval": "evaluate"}
 
 
 def run_defaults(*, run_mode: str = "train") -> str:
@@ -98,95 +98,253 @@ def run_defaults(*, run_mode: str = "train") -> str:
     return run_mode
 
 
-def smoke_run(
+def _scored(eval_dir: pathlib.Path, mode: str) -> list[dict]:
+    from pau_jax.evaluation import runner
+
+    return runner.load_records(eval_dir / f"{mode}_scored.jsonl")
+
+
+def _before_after(before: list[dict], after: list[dict], key: str, seed: int, resamples: int):
+    """Paired interval of mean(after - before) over shared tasks, with a permutation p-value."""
+    import dataclasses
+
+    from pau_jax.evaluation import stats
+
+    a = {r["task_id"]: r.get(key) for r in after}
+    b = {r["task_id"]: r.get(key) for r in before}
+    common = sorted(t for t in a if t in b and a[t] is not None and b[t] is not None)
+    if not common:
+        return None
+    x, y = [float(a[t]) for t in common], [float(b[t]) for t in common]
+    out = dataclasses.asdict(stats.paired_bootstrap(x, y, n_resamples=resamples, seed=seed))
+    out["p_value"] = stats.paired_permutation_test(x, y, n_permutations=resamples, seed=seed)
+    out["n"] = len(common)
+    return out
+
+
+def quickstart(
     *,
     run_dir: str,
     model_config,
+    train_fn=None,
+    evaluate_fn=None,
+    data_dir: str = "~/tensorflow_datasets",
+    dataset_config: str = "debug",
+    manual_dir: str | None = None,
+    eval_split: str = "test",
+    eval_limit: int | None = None,
+    train_split: str = "train",
+    modes: tuple[str, ...] = ("interactive", "in_context"),
     seed: int = 0,
-    lora_rank: int = 4,
-    lora_alpha: float = 4.0,
-    sampling: SamplingConfig = SamplingConfig(max_new_tokens=32, temperature=1.0),
-    episode_config: EpisodeConfig = EpisodeConfig(call_budget=2),
-    sandbox_workers: int = 2,
+    dtype: str = "float32",
+    agent_sampling: SamplingConfig = SamplingConfig(max_new_tokens=32),
+    judge_sampling: SamplingConfig = SamplingConfig(max_new_tokens=32),
+    bootstrap_resamples: int = 2000,
 ) -> dict:
-    """End to end on the CPU with no downloads: checkpoint -> load -> LoRA -> PAU episodes.
+    """The main job end to end: data → checkpoint → evaluate → AAC → evaluate → report.
 
-    1. creates a random Qwen3 with `model_config` and writes it, with the real
-       offline Qwen3 tokenizer, as a Hugging Face checkpoint directory;
-    2. loads that directory back (`load_hf`, `load_tokenizer`) and adds LoRA;
-    3. runs the embedded demo tasks as batched PAU episodes (local JAX policy,
-       sandboxed calls), writing trajectories to `episodes.jsonl`;
-    4. scores the episodes (the same local model as judge and coder; code match
-       on held-out inputs in the sandbox) and writes `report.md` with plots;
-    5. exports the adapter in PEFT format and writes `summary.json`.
+    1. builds `pau/<dataset_config>` under `data_dir` unless it is there;
+    2. writes a random Qwen3 (`model_config`) with the real offline Qwen3 tokenizer
+       as a Hugging Face checkpoint directory `run_dir/checkpoint`;
+    3. evaluates it on the eval split (`run_dir/eval_before`), judge and coder being
+       the same base checkpoint;
+    4. trains its LoRA adapters with AAC on the train split (`run_dir/train`: the
+       frozen base is the critic; checkpoints, metrics, PEFT adapter);
+    5. evaluates the base plus the exported adapter the same way (`run_dir/eval_after`);
+    6. writes `run_dir/report.md` (before vs after, paired tests) and `summary.json`.
+
+    A rerun with the same `run_dir` resumes every stage.
+
+    Args:
+      run_dir: the run directory.
+      model_config: a `Qwen3Config` of the random model.
+      train_fn: the training function, called with keyword arguments (`run_dir`,
+        `checkpoint`, `dtype`, `seed`, `dataset_config`, `data_dir`, `split`); gin
+        binds the configured `pau_jax.experiment.train`. Default `pau_jax.rl.loop.train`.
+      evaluate_fn: the evaluation function, called with keyword arguments (`run_dir`,
+        `policy`, `judge`, `coder`, `dataset`, `modes`, `bootstrap_seed`,
+        `bootstrap_resamples`, `title`); gin binds the configured
+        `pau_jax.experiment.evaluate`. Default `pau_jax.evaluation.pipeline.evaluate`.
+      data_dir: the TFDS data_dir of the `pau` dataset.
+      dataset_config: builder config ('debug' builds in seconds from the builder's dummy data).
+      manual_dir: source files for building a config other than 'debug'.
+      eval_split, eval_limit: what is evaluated (limit: first N tasks by id; None all).
+      train_split: what AAC trains on.
+      modes: evaluation modes ('interactive', 'in_context').
+      seed: seeds the random model, training and the bootstrap.
+      dtype: parameter dtype of every local model.
+      agent_sampling: how the evaluated agent samples (greedy by default).
+      judge_sampling: how the judge and the coder sample.
+      bootstrap_resamples: resamples of the intervals and permutations of the tests.
+
+    Returns:
+      The summary written to `run_dir/summary.json`.
     """
     from flax import nnx
 
-    from pau_jax import demo_tasks
-    from pau_jax.evaluation import report, runner, score
-    from pau_jax.models import lora, qwen3
-    from pau_jax.policy.local import LocalPolicy
-    from pau_jax.sandbox import Executor
-    from pau_jax.tokenizer import load_tokenizer, save_offline_tokenizer
+    from pau_jax.evaluation import pipeline, report
+    from pau_jax.evaluation import tasks as tasks_lib
+    from pau_jax.models import qwen3
+    from pau_jax.rl import loop
+    from pau_jax.tokenizer import save_offline_tokenizer
 
+    train_fn = train_fn or loop.train
+    evaluate_fn = evaluate_fn or pipeline.evaluate
     out = pathlib.Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    started = time.perf_counter()
+    seconds = {}
 
-    # Checkpoint: a random model in the Hugging Face layout, with the real tokenizer.
+    def stage(n: int, text: str) -> float:
+        print(f"\n[quickstart] {n}/5 {text}", flush=True)
+        return time.perf_counter()
+
+    t = stage(1, f"dataset pau/{dataset_config} under {data_dir}")
+    tasks_lib.ensure_built(data_dir, config=dataset_config, manual_dir=manual_dir)
     checkpoint = out / "checkpoint"
     if not (checkpoint / "config.json").exists():
         fresh = qwen3.Qwen3ForCausalLM(model_config, rngs=nnx.Rngs(seed))
         qwen3.save_hf(fresh, model_config, checkpoint)
         save_offline_tokenizer(checkpoint)
         del fresh
-    print(f"[smoke] checkpoint: {checkpoint}", flush=True)
+    print(f"[quickstart] random Qwen3 checkpoint (real Qwen3 tokenizer): {checkpoint}", flush=True)
+    seconds["setup"] = time.perf_counter() - t
 
-    # Load it back the way a real checkpoint is loaded, then adapt.
-    model, config = qwen3.load_hf(checkpoint, dtype="float32")
-    tokenizer = load_tokenizer(checkpoint)
-    n_adapted = lora.apply_lora(model, rank=lora_rank, alpha=lora_alpha)
-    print(f"[smoke] loaded {config.num_hidden_layers}-layer model; LoRA on {n_adapted} modules")
-
-    policy = LocalPolicy(model, tokenizer, sampling)
-    with Executor(workers=sandbox_workers) as executor:
-        specs = demo_tasks.demo_specs(executor, episode_config)
-        records = runner.run_episodes(
-            specs, policy, executor, episode_config, out_path=out / "episodes.jsonl"
-        )
-        all_records = runner.load_records(out / "episodes.jsonl")
-        references = {
-            t.task_id: score.Reference(
-                code=t.code, header=t.header, description=t.description, held_out=t.held_out
-            )
-            for t in demo_tasks.DEMO_TASKS
-        }
-        print("[smoke] scoring: judge and code match", flush=True)
-        scored = score.score_episodes(
-            all_records, references, judge_policy=policy, coder_policy=policy, executor=executor
-        )
-    with (out / "scored.jsonl").open("w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in scored)
-    report_path = report.write_report(
-        out, {"interactive": scored}, title="pau_jax smoke run (random weights)"
+    dataset = pipeline.DatasetConfig(
+        config=dataset_config, split=eval_split, data_dir=data_dir, limit=eval_limit
     )
-    lora.export_peft(model, out / "adapter")
+    base = pipeline.LocalBackendConfig(
+        checkpoint_dir=str(checkpoint), sampling=judge_sampling, dtype=dtype
+    )
 
-    steps = [s for r in all_records for s in r["steps"]]
+    def run_eval(name: str, adapter: str | None, title: str) -> dict:
+        agent = pipeline.LocalBackendConfig(
+            checkpoint_dir=str(checkpoint),
+            sampling=agent_sampling,
+            adapter_dir=adapter,
+            dtype=dtype,
+        )
+        return evaluate_fn(
+            run_dir=str(out / name),
+            policy=agent,
+            judge=base,
+            coder=base,
+            dataset=dataset,
+            modes=tuple(modes),
+            bootstrap_seed=seed,
+            bootstrap_resamples=bootstrap_resamples,
+            title=title,
+        )
+
+    t = stage(2, "evaluate the base model (before training)")
+    before = run_eval("eval_before", None, "PAU evaluation before AAC")
+    seconds["eval_before"] = time.perf_counter() - t
+
+    t = stage(3, f"AAC training on pau/{dataset_config} {train_split} (frozen base as critic)")
+    trained = train_fn(
+        run_dir=str(out / "train"),
+        checkpoint=str(checkpoint),
+        dtype=dtype,
+        seed=seed,
+        dataset_config=dataset_config,
+        data_dir=data_dir,
+        split=train_split,
+    )
+    seconds["train"] = time.perf_counter() - t
+    adapter = out / "train" / "adapter"
+
+    t = stage(4, f"evaluate the base model + trained adapter {adapter}")
+    after = run_eval("eval_after", str(adapter), "PAU evaluation after AAC")
+    seconds["eval_after"] = time.perf_counter() - t
+
+    t = stage(5, "report: before vs after")
+    runs, intervals, comparisons = {}, {}, {}
+    for mode in modes:
+        scored = {
+            stage_name: _scored(out / f"eval_{stage_name}", mode)
+            for stage_name in ("before", "after")
+        }
+        for stage_name, result in (("before", before), ("after", after)):
+            runs[f"{stage_name}/{mode}"] = scored[stage_name]
+            intervals[f"{stage_name}/{mode}"] = result["intervals"][mode]
+        pair = {
+            key: _before_after(scored["before"], scored["after"], key, seed, bootstrap_resamples)
+            for key in ("code_match", "judge_score")
+        }
+        comparisons[f"after/{mode} vs before/{mode}"] = {
+            k: v for k, v in pair.items() if v is not None
+        }
+    history = []
+    metrics_path = out / "train" / "metrics.jsonl"
+    if metrics_path.exists():
+        history = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    notes = [
+        f"random {model_config.num_hidden_layers}-layer Qwen3 (hidden {model_config.hidden_size}) "
+        f"over the real Qwen3 vocabulary: scores measure the pipeline, not a model",
+        f"{before['tasks']} tasks of pau/{dataset_config} {eval_split}; judge and coder: the base "
+        "checkpoint in both evaluations; 'after' adds the AAC LoRA adapter to the agent only",
+    ] + [
+        f"AAC step {m['step']}: loss {m.get('train/loss', float('nan')):.4f}, reward mean "
+        f"{m.get('rollout/reward_mean', float('nan')):.3f}"
+        for m in history
+    ]
+    path = report.write_report(
+        out,
+        runs,
+        title="pau_jax quickstart: before vs after AAC",
+        notes=notes,
+        intervals=intervals,
+        comparisons=comparisons,
+    )
+    seconds["report"] = time.perf_counter() - t
+
+    def headline(result):
+        out_ = {}
+        for mode in modes:
+            s = result["runs"][mode]
+            out_[mode] = {
+                "code_match": s["code_match"]["mean"],
+                "judge": s["judge"]["mean"],
+                "judge_unparsed": s["judge"]["unparsed"],
+                "calls": s["calls"]["mean"],
+            }
+        return out_
+
     summary = {
-        "episodes": len(all_records),
-        "episodes_run_now": len(records),
-        "calls": sum(r["n_calls"] for r in all_records),
-        "steps": len(steps),
-        "parse_ok_fraction": sum(s["parse_ok"] for s in steps) / max(len(steps), 1),
-        "stopped_by_agent": sum(r["stopped_by_agent"] for r in all_records),
-        "judge_unparsed": sum(r["judge_score"] is None for r in scored),
-        "code_match_mean": sum(r["code_match"] for r in scored) / max(len(scored), 1),
-        "lora_modules": n_adapted,
-        "seconds": round(time.perf_counter() - t0, 2),
+        "tasks": before["tasks"],
+        "before": headline(before),
+        "after": headline(after),
+        "comparisons": comparisons,
+        "train": {  # From metrics.jsonl, so that a resumed run reports its last step too.
+            "steps": trained["steps"],
+            "loss": history[-1].get("train/loss") if history else None,
+            "reward_mean": history[-1].get("rollout/reward_mean") if history else None,
+        },
+        "paths": {
+            "checkpoint": str(checkpoint),
+            "adapter": str(adapter),
+            "metrics": str(metrics_path),
+            "report": str(path),
+        },
+        "seconds": {k: round(v, 1) for k, v in seconds.items()}
+        | {"total": round(time.perf_counter() - started, 1)},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("[smoke] " + ", ".join(f"{k}={v}" for k, v in summary.items()))
-    print(f"[smoke] trajectories: {out / 'episodes.jsonl'}; adapter: {out / 'adapter'}")
-    print(f"[smoke] report: {report_path}")
+    print("\n[quickstart] summary (random weights: the numbers show the pipeline works)")
+    for mode in modes:
+        b, a = summary["before"][mode], summary["after"][mode]
+        print(
+            f"  {mode:12s} code match {b['code_match']:.3f} -> {a['code_match']:.3f}   "
+            f"judge {_num(b['judge'])} -> {_num(a['judge'])}"
+        )
+    print(
+        f"  AAC: {trained['steps']} steps, last loss {_num(summary['train']['loss'], 4)}, "
+        f"reward mean {_num(summary['train']['reward_mean'], 3)}"
+    )
+    print(f"  adapter: {adapter}\n  seconds: {summary['seconds']}")
+    print(f"[quickstart] report: {path}", flush=True)
     return summary
+
+
+def _num(x, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"

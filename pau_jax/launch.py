@@ -2,7 +2,8 @@
 
 Usage:
   python -m pau_jax.launch --gin_file=quickstart.gin
-  python -m pau_jax.launch --gin_file=quickstart.gin --gin.smoke_run.max_new_tokens=32
+  python -m pau_jax.launch --gin_file=quickstart.gin --gin.pau_jax.experiment.train.steps=5
+  python -m pau_jax.launch --gin_file=aac.gin --gin.CHECKPOINT="'/ckpt/Qwen3-1.7B'" --run_dir=runs/aac
   python -m pau_jax.launch --gin_file=quickstart.gin --dry_run   # parse and print the config only
 
 Gin files are looked up in the current directory, then in the repository's `gin/`
@@ -12,6 +13,7 @@ written into the run directory before anything else happens.
 
 import importlib.util  # noqa: F401  (gin-config 0.5.0 needs it imported before parsing includes)
 import json
+import logging as std_logging
 import os
 import pathlib
 import platform
@@ -22,7 +24,7 @@ import time
 from absl import app, flags, logging
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
-RUN_MODES = ("smoke", "train", "eval")
+RUN_MODES = ("quickstart", "train", "eval")
 
 _GIN_FILES = flags.DEFINE_multi_string(
     "gin_file", [], "Gin files, parsed in order (later files override earlier ones)."
@@ -100,6 +102,31 @@ def _record_run(run_dir: pathlib.Path, gin_text: str) -> None:
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
+_SEARCH_PATHS: list[str] = []
+
+
+def parse_config(gin_files, bindings) -> None:
+    """Parses and finalizes gin files (named as for --gin_file) and then bindings, in order."""
+    import gin
+
+    from pau_jax import experiment
+
+    experiment.register_configurables()
+    for path in (str(GIN_DIR), os.getcwd()):
+        if path not in _SEARCH_PATHS:
+            gin.add_config_file_search_path(path)
+            _SEARCH_PATHS.append(path)
+    files = [_resolve_gin_file(f) for f in gin_files]
+    gin.parse_config_files_and_bindings(files, bindings, finalize_config=True)
+
+
+def _drop_include_probe_errors(record) -> bool:
+    """False for gin's "Path not found" errors, logged while it probes paths for an include."""
+    return not (
+        record.filename == "resource_reader.py" and record.getMessage().startswith("Path not found")
+    )
+
+
 def main(argv):
     import gin
 
@@ -107,23 +134,31 @@ def main(argv):
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    experiment.register_configurables()
-    gin.add_config_file_search_path(str(GIN_DIR))
-    gin.add_config_file_search_path(os.getcwd())
-    files = [_resolve_gin_file(f) for f in _GIN_FILES.value]
-    bindings = list(_GIN_BINDINGS.value) + _EXTRA_BINDINGS
-    gin.parse_config_files_and_bindings(files, bindings, finalize_config=True)
+    if not flags.FLAGS["verbosity"].present:
+        # Library INFO lines (orbax, TFDS) drown the progress lines; --verbosity=0 shows them.
+        logging.set_verbosity(logging.WARNING)
+    std_logging.getLogger().addFilter(_drop_include_probe_errors)  # gin logs to the root.
+    parse_config(_GIN_FILES.value, list(_GIN_BINDINGS.value) + _EXTRA_BINDINGS)
     mode = _RUN_MODE.value or gin.get_configurable("pau_jax.experiment.run_defaults")()
     run_dir = pathlib.Path(_RUN_DIR.value or f"runs/{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
     if _DRY_RUN.value:
         print(gin.config_str())
         return
-    _record_run(run_dir, gin.config_str())
-    logging.info("run directory: %s", run_dir)
+    # A multi-process run (explicit PAU_* variables, SLURM, a TPU pod) joins up before any
+    # JAX computation; every process runs the same entry, and only process 0 writes run files.
+    from pau_jax import parallel
+
+    if parallel.initialize_distributed() and _RUN_DIR.value is None:
+        raise app.UsageError("a multi-process run needs --run_dir (the same on every process)")
+    primary = parallel.is_primary()
+    if primary:
+        _record_run(run_dir, gin.config_str())
+        print(f"[launch] {mode} run directory: {run_dir}", flush=True)
     entry = gin.get_configurable(f"pau_jax.experiment.{experiment.ENTRY_NAMES[mode]}")
     entry(run_dir=str(run_dir))
     # The operative config lists only what was actually used; write it after the run.
-    (run_dir / "operative_config.gin").write_text(gin.operative_config_str())
+    if primary:
+        (run_dir / "operative_config.gin").write_text(gin.operative_config_str())
 
 
 _EXTRA_BINDINGS: list[str] = []

@@ -1,13 +1,33 @@
-"""The launcher end to end: gin parsing, run directory, the main job in a reduced form."""
+"""The launcher end to end: gin parsing, run directory, the main job (quickstart) in a reduced form."""
 
 import json
 import pathlib
+import struct
 import subprocess
 import sys
 
 import pytest
+import safetensors.numpy
+from tensorboardX.proto import event_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# The quickstart with every stage, at the smallest sizes: 3 tasks, 1 call per episode, one
+# AAC step of 1 task x 2 episodes of at most 3 phases.
+REDUCED = (
+    "--gin.pau_jax.experiment.quickstart.eval_limit=3",
+    "--gin.EVAL_CALL_BUDGET=1",
+    "--gin.agent/pau_jax.policy.local.SamplingConfig.max_new_tokens=8",
+    "--gin.judge/pau_jax.policy.local.SamplingConfig.max_new_tokens=8",
+    "--gin.pau_jax.experiment.quickstart.bootstrap_resamples=200",
+    "--gin.T_MAX=3",
+    "--gin.pau_jax.env.episode.EpisodeConfig.call_budget=1",
+    "--gin.pau_jax.rl.rollout.RolloutConfig.tasks_per_batch=1",
+    "--gin.pau_jax.rl.rollout.RolloutConfig.group_size=2",
+    "--gin.pau_jax.rl.rollout.RolloutConfig.max_new_tokens=6",
+    "--gin.pau_jax.rl.critic.CriticConfig.max_new_tokens=4",
+    "--gin.pau_jax.experiment.train.steps=1",
+)
 
 
 def _launch(*args, cwd):
@@ -21,12 +41,37 @@ def _launch(*args, cwd):
     )
 
 
+def _event_tags(folder: pathlib.Path) -> dict[str, list[int]]:
+    """Scalar tags -> steps of every TensorBoard event file in `folder` (TFRecord framing)."""
+    tags: dict[str, list[int]] = {}
+    files = sorted(folder.glob("events.out.tfevents.*"))
+    assert files, f"no TensorBoard event file in {folder}"
+    for path in files:
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset : offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
+            offset += 12 + length + 4
+            for value in event.summary.value:
+                tags.setdefault(value.tag, []).append(event.step)
+    return tags
+
+
+def _jsonl(path: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def test_dry_run_prints_the_config_with_overrides(tmp_path):
     proc = _launch(
-        "--gin_file=quickstart.gin", "--gin.EpisodeConfig.call_budget=7", "--dry_run", cwd=tmp_path
+        "--gin_file=quickstart.gin",
+        "--gin.EVAL_CALL_BUDGET=7",
+        "--gin.pau_jax.experiment.train.steps=9",
+        "--dry_run",
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "EpisodeConfig.call_budget = 7" in proc.stdout
+    assert "EVAL_CALL_BUDGET = 7" in proc.stdout and "train.steps = 9" in proc.stdout
+    assert "run_defaults.run_mode = 'quickstart'" in proc.stdout
     assert not (tmp_path / "runs").exists()
 
 
@@ -37,39 +82,88 @@ def test_unknown_gin_file_is_a_one_line_usage_error(tmp_path):
 
 
 def test_quickstart_reduced_writes_every_artefact(tmp_path):
-    run_dir = tmp_path / "run"
+    run_dir, data_dir = tmp_path / "run", tmp_path / "tfds"
     proc = _launch(
         "--gin_file=quickstart.gin",
         f"--run_dir={run_dir}",
-        "--gin.SamplingConfig.max_new_tokens=8",
-        "--gin.EpisodeConfig.call_budget=1",
+        f"--gin.DATA_DIR='{data_dir}'",
+        *REDUCED,
         cwd=tmp_path,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["episodes"] == 4 and summary["steps"] == 12
-    assert summary["lora_modules"] == 14
-    records = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
-    assert {r["task_id"] for r in records} == {
-        "demo/affine",
-        "demo/vowels",
-        "demo/runs",
-        "demo/sorted",
-    }
-    assert all(r["n_calls"] == 1 for r in records)
-    assert "EpisodeConfig.call_budget = 1" in (run_dir / "config.gin").read_text()
-    info = json.loads((run_dir / "run_info.json").read_text())
-    assert info["packages"]["jax"]
-    assert (run_dir / "operative_config.gin").read_text().strip()
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
-        assert (run_dir / "checkpoint" / name).exists(), name
-    peft_config = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
-    assert peft_config["r"] == 4
-    assert "[smoke] episodes=4" in proc.stdout
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    for n in range(1, 6):
+        assert f"[quickstart] {n}/5" in out, n
+    assert out.rstrip().splitlines()[-1] == f"[quickstart] report: {run_dir / 'report.md'}"
+    assert "[train] step 1/1" in out
+
+    # The dataset was built where asked; what launch records about the run.
+    assert (data_dir / "pau" / "debug").is_dir()
+    config = (run_dir / "config.gin").read_text()
+    assert "EVAL_CALL_BUDGET = 1" in config and "train.steps = 1" in config
+    assert json.loads((run_dir / "run_info.json").read_text())["packages"]["jax"]
+    assert "quickstart.eval_limit = 3" in (run_dir / "operative_config.gin").read_text()
+
+    # The base checkpoint in the Hugging Face layout, with the real tokenizer.
+    hf_config = json.loads((run_dir / "checkpoint" / "config.json").read_text())
+    assert hf_config["vocab_size"] == 151936 and hf_config["num_hidden_layers"] == 2
+    assert (run_dir / "checkpoint" / "tokenizer.json").exists()
+    assert safetensors.numpy.load_file(str(run_dir / "checkpoint" / "model.safetensors"))
+
+    # Training: metrics (JSONL + TensorBoard), an orbax checkpoint, the PEFT adapter.
+    train = run_dir / "train"
+    metrics = _jsonl(train / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1]
+    assert {"train/loss", "rollout/reward_mean"} <= set(metrics[0])
+    assert _event_tags(train)["train/loss"] == [1]
+    assert (train / "checkpoints" / "1").is_dir()
+    peft = json.loads((train / "adapter" / "adapter_config.json").read_text())
+    assert peft["r"] == 4 and peft["base_model_name_or_path"] == str(run_dir / "checkpoint")
+    tensors = safetensors.numpy.load_file(str(train / "adapter" / "adapter_model.safetensors"))
+    assert any("lora_A" in name for name in tensors) and any("lora_B" in name for name in tensors)
+
+    # Both evaluations: trajectories and scores of both modes, the same 3 tasks.
+    ids = None
+    for stage in ("eval_before", "eval_after"):
+        for mode in ("interactive", "in_context"):
+            episodes = _jsonl(run_dir / stage / f"{mode}_episodes.jsonl")
+            scored = _jsonl(run_dir / stage / f"{mode}_scored.jsonl")
+            assert len(episodes) == len(scored) == 3, (stage, mode)
+            ids = ids or {r["task_id"] for r in episodes}
+            assert {r["task_id"] for r in scored} == ids
+            assert all(0.0 <= r["code_match"] <= 1.0 for r in scored)
+        interactive = _jsonl(run_dir / stage / "interactive_episodes.jsonl")
+        assert all(r["n_calls"] == 1 and r["steps"] for r in interactive)
+    assert "LoRA adapter on 14 modules" in out
+
+    # The combined report and the summary.
     report = (run_dir / "report.md").read_text()
-    assert "| interactive | 4 |" in report and (run_dir / "code_match.png").exists()
-    scored = [json.loads(line) for line in (run_dir / "scored.jsonl").read_text().splitlines()]
-    assert all(0.0 <= r["code_match"] <= 1.0 for r in scored) and len(scored) == 4
+    for run in ("before/interactive", "after/interactive", "before/in_context", "after/in_context"):
+        assert f"| {run} | 3 |" in report, run
+    assert "| after/interactive vs before/interactive | code_match |" in report
+    images = [line[line.index("(") + 1 : -1] for line in report.splitlines() if line[:2] == "!["]
+    assert images
+    for image in images:
+        assert (run_dir / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["tasks"] == 3 and summary["train"]["steps"] == 1
+    assert isinstance(summary["train"]["loss"], float)
+    assert set(summary["before"]) == set(summary["after"]) == {"interactive", "in_context"}
+    pair = summary["comparisons"]["after/interactive vs before/interactive"]["code_match"]
+    assert pair["n"] == 3 and 0.0 <= pair["p_value"] <= 1.0
+    assert summary["paths"]["adapter"] == str(train / "adapter")
+    assert summary["seconds"]["total"] > 0
+
+    # The same command again resumes every stage: nothing is redone or duplicated.
+    again = _launch(*proc.args[3:], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from step 1" in again.stdout and "[train] step" not in again.stdout
+    assert len(_jsonl(train / "metrics.jsonl")) == 1
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["train"] == summary["train"] and resumed["before"] == summary["before"]
+    for stage in ("eval_before", "eval_after"):
+        for name in ("interactive_episodes", "interactive_scored", "in_context_scored"):
+            assert len(_jsonl(run_dir / stage / f"{name}.jsonl")) == 3, (stage, name)
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "gin").glob("*.gin")))

@@ -138,7 +138,8 @@ class _Backends:
         )
 
     def _local(self, backend: LocalBackendConfig):
-        from pau_jax.models import llama, lora, qwen3
+        from pau_jax import models
+        from pau_jax.models import lora
         from pau_jax.policy.local import LocalPolicy
         from pau_jax.tokenizer import load_tokenizer
 
@@ -150,18 +151,24 @@ class _Backends:
         path = pathlib.Path(backend.checkpoint_dir).expanduser()
         key = (str(path), backend.adapter_dir, backend.dtype, backend.tokenizer)
         if key not in self._models:
-            config_file = path / "config.json"
-            if not config_file.exists():
-                raise FileNotFoundError(f"no config.json in checkpoint_dir {path}")
-            model_type = json.loads(config_file.read_text()).get("model_type", "qwen3")
-            loader = llama.load_hf if model_type == "llama" else qwen3.load_hf
-            model, _ = loader(path, dtype=backend.dtype)
+            model, _ = models.load_hf(path, dtype=backend.dtype)
             if backend.adapter_dir:
                 n = lora.load_peft(model, pathlib.Path(backend.adapter_dir).expanduser())
                 print(f"[eval] LoRA adapter on {n} modules from {backend.adapter_dir}", flush=True)
             self._models[key] = (model, load_tokenizer(backend.tokenizer or path))
         model, tokenizer = self._models[key]
         return LocalPolicy(model, tokenizer, backend.sampling)
+
+
+def build_policy(backend, specs: Sequence = ()):
+    """The policy of one backend config (a `*BackendConfig` of this module).
+
+    Args:
+      backend: the config.
+      specs: the episodes the policy will meet (`runner.EpisodeSpec`s; the
+        oracle backend reads their sources).
+    """
+    return _Backends(specs).build(backend)
 
 
 def _load_tasks(dataset, executor, config: EpisodeConfig):

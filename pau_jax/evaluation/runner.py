@@ -6,6 +6,13 @@ input run in parallel threads over the executor's worker pool. Each finished
 episode is appended to a JSONL file at once (flushed and fsynced), and a rerun
 with the same file skips the episodes already recorded, so a killed run resumes
 without redoing finished work.
+
+The policy may return plain texts or reply objects with a `.text` (e.g.
+`LocalPolicy.complete`'s `Completion`, with token ids and log-probs);
+`run_episode_states` keeps those replies per step together with each finished
+`EpisodeState`, which is what rollouts for training need. Episodes are keyed by
+`EpisodeSpec.episode_id` (the task id unless set), so one task can be run many
+times at once (a GRPO group).
 """
 
 import concurrent.futures
@@ -29,10 +36,61 @@ class EpisodeSpec:
     task: episode.Task
     code: str
     entry: str = "test_func"
+    episode_id: str = ""
+
+    def __post_init__(self):
+        if not self.episode_id:
+            object.__setattr__(self, "episode_id", self.task.task_id)
 
 
-def episode_record(state: EpisodeState, *, seconds: float, extra: dict | None = None) -> dict:
-    """The JSON-serialisable trajectory of a finished episode."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FinishedEpisode:
+    """An episode run to its end.
+
+    Attributes:
+      spec: what was run.
+      state: the final state (`finish_reason` set).
+      replies: per step of `state.steps`, what the policy returned for it (a text,
+        or a reply object with `.text`, e.g. a `Completion` with token ids).
+      seconds: wall time from the episode's first round to its last.
+      record: its JSON record (`episode_record`).
+    """
+
+    spec: EpisodeSpec
+    state: EpisodeState
+    replies: tuple[Any, ...]
+    seconds: float
+    record: dict
+
+
+def _reply_fields(reply: Any) -> dict:
+    """What a step record keeps of a reply object beyond its text."""
+    fields = {}
+    for name in ("finish_reason", "prompt_tokens", "completion_tokens"):
+        value = getattr(reply, name, None)
+        if value is not None:
+            fields[name] = value
+    return fields
+
+
+def episode_record(
+    state: EpisodeState,
+    *,
+    seconds: float,
+    extra: dict | None = None,
+    episode_id: str | None = None,
+    replies: Sequence[Any] | None = None,
+) -> dict:
+    """The JSON-serialisable trajectory of a finished episode.
+
+    Args:
+      state: the final state.
+      seconds: wall time of the episode.
+      extra: more top-level fields.
+      episode_id: the episode's id (default: its task id).
+      replies: per step, the policy's reply; reply objects add their finish
+        reason and token counts to the step.
+    """
     steps = [
         {
             "phase": s.phase.value,
@@ -46,8 +104,11 @@ def episode_record(state: EpisodeState, *, seconds: float, extra: dict | None = 
         }
         for s in state.steps
     ]
+    for step, reply in zip(steps, replies or ()):
+        step.update(_reply_fields(reply))
     record = {
         "task_id": state.task.task_id,
+        "episode_id": episode_id or state.task.task_id,
         "header": state.task.header,
         "prediction": state.prediction,
         "finish_reason": state.finish_reason,
@@ -63,7 +124,10 @@ def episode_record(state: EpisodeState, *, seconds: float, extra: dict | None = 
 
 
 def finished_ids(path: str | os.PathLike) -> set[str]:
-    """Task ids already recorded in a JSONL file (a torn last line is ignored)."""
+    """Episode ids already recorded in a JSONL file (a torn last line is ignored).
+
+    Records written before episodes had their own ids count by their task id.
+    """
     path = pathlib.Path(path)
     done = set()
     if not path.exists():
@@ -74,7 +138,8 @@ def finished_ids(path: str | os.PathLike) -> set[str]:
             if not line:
                 continue
             try:
-                done.add(json.loads(line)["task_id"])
+                record = json.loads(line)
+                done.add(record.get("episode_id") or record["task_id"])
             except (json.JSONDecodeError, KeyError):
                 continue  # A line cut by a crash; that episode is run again.
     return done
@@ -97,6 +162,102 @@ def _append(path: pathlib.Path, record: dict) -> None:
         os.fsync(f.fileno())
 
 
+def _text(reply: Any) -> str:
+    return reply if isinstance(reply, str) else reply.text
+
+
+def run_episode_states(
+    specs: Sequence[EpisodeSpec],
+    policy,
+    executor,
+    config: EpisodeConfig,
+    *,
+    out_path: str | os.PathLike | None = None,
+    call_timeout_s: float = 2.0,
+    max_parallel_calls: int = 8,
+    progress: bool = True,
+) -> list[FinishedEpisode]:
+    """Runs every episode to the end; returns the episodes run now, in the order they finished.
+
+    Args:
+      specs: the episodes to run (episode ids must be unique).
+      policy: `policy(conversations) -> replies`, each reply a text or an object
+        with a `.text` (see `pau_jax.policy.Policy`).
+      executor: a `pau_jax.sandbox.Executor` (thread-safe `call`).
+      config: the protocol constants.
+      out_path: JSONL file; episodes already in it are skipped, new ones appended.
+      call_timeout_s: wall-clock limit of one sandbox call.
+      max_parallel_calls: threads issuing sandbox calls at once.
+      progress: print a progress line (episodes done, episodes/s) to stderr.
+    """
+    ids = [s.episode_id for s in specs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("episode ids passed to run_episodes must be unique")
+    path = pathlib.Path(out_path) if out_path is not None else None
+    skip = finished_ids(path) if path is not None else set()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_torn_tail(path)
+    by_id = {s.episode_id: s for s in specs}
+    active = {
+        s.episode_id: episode.start(s.task, config) for s in specs if s.episode_id not in skip
+    }
+    replies: dict[str, list] = {eid: [] for eid in active}
+    started = {eid: time.perf_counter() for eid in active}
+    finished = []
+    total, t0 = len(active), time.perf_counter()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_parallel_calls)
+    try:
+        while active:
+            order = list(active)
+            outputs = policy([episode.messages(active[e], config) for e in order])
+            calls = {}
+            for eid, reply in zip(order, outputs, strict=True):
+                state, text = active[eid], _text(reply)
+                replies[eid].append(reply)
+                if state.phase is Phase.CONCEPTUALIZE:
+                    active[eid] = episode.on_conceptualize(state, text, config)
+                elif state.phase is Phase.GENERATE:
+                    state, args = episode.on_generate(state, text, config)
+                    active[eid] = state
+                    if args is not None:
+                        calls[eid] = pool.submit(
+                            executor.call, by_id[eid].code, args, timeout_s=call_timeout_s
+                        )
+                else:
+                    active[eid] = episode.on_revise(state, text, config)
+            for eid, future in calls.items():
+                active[eid] = episode.on_result(active[eid], future.result(), config)
+            for eid in [e for e in order if active[e].phase is Phase.DONE]:
+                state = active.pop(eid)
+                seconds = time.perf_counter() - started[eid]
+                record = episode_record(
+                    state, seconds=seconds, episode_id=eid, replies=replies[eid]
+                )
+                finished.append(
+                    FinishedEpisode(
+                        spec=by_id[eid],
+                        state=state,
+                        replies=tuple(replies.pop(eid)),
+                        seconds=seconds,
+                        record=record,
+                    )
+                )
+                if path is not None:
+                    _append(path, record)
+            if progress and total:
+                rate = len(finished) / max(time.perf_counter() - t0, 1e-9)
+                print(
+                    f"\repisodes {len(finished)}/{total}  {rate:.2f} episodes/s",
+                    end="" if active else "\n",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        pool.shutdown(wait=True)
+    return finished
+
+
 def run_episodes(
     specs: Sequence[EpisodeSpec],
     policy,
@@ -108,72 +269,21 @@ def run_episodes(
     max_parallel_calls: int = 8,
     progress: bool = True,
 ) -> list[dict]:
-    """Runs every episode to the end; returns the records of the episodes run now.
+    """Runs every episode to the end; returns the JSON records of the episodes run now.
 
-    Args:
-      specs: the episodes to run (task ids must be unique).
-      policy: `policy(conversations) -> texts` (see `pau_jax.policy.Policy`).
-      executor: a `pau_jax.sandbox.Executor` (thread-safe `call`).
-      config: the protocol constants.
-      out_path: JSONL file; episodes already in it are skipped, new ones appended.
-      call_timeout_s: wall-clock limit of one sandbox call.
-      max_parallel_calls: threads issuing sandbox calls at once.
-      progress: print a progress line (episodes done, episodes/s) to stderr.
+    Arguments as `run_episode_states`.
     """
-    ids = [s.task.task_id for s in specs]
-    if len(set(ids)) != len(ids):
-        raise ValueError("task ids passed to run_episodes must be unique")
-    path = pathlib.Path(out_path) if out_path is not None else None
-    skip = finished_ids(path) if path is not None else set()
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _drop_torn_tail(path)
-    by_id = {s.task.task_id: s for s in specs}
-    active = {
-        s.task.task_id: episode.start(s.task, config) for s in specs if s.task.task_id not in skip
-    }
-    started = {tid: time.perf_counter() for tid in active}
-    records = []
-    total, t0 = len(active), time.perf_counter()
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_parallel_calls)
-    try:
-        while active:
-            order = list(active)
-            texts = policy([episode.messages(active[t], config) for t in order])
-            calls = {}
-            for tid, text in zip(order, texts, strict=True):
-                state = active[tid]
-                if state.phase is Phase.CONCEPTUALIZE:
-                    active[tid] = episode.on_conceptualize(state, text, config)
-                elif state.phase is Phase.GENERATE:
-                    state, args = episode.on_generate(state, text, config)
-                    active[tid] = state
-                    if args is not None:
-                        spec = by_id[tid]
-                        calls[tid] = pool.submit(
-                            executor.call, spec.code, args, timeout_s=call_timeout_s
-                        )
-                else:
-                    active[tid] = episode.on_revise(state, text, config)
-            for tid, future in calls.items():
-                active[tid] = episode.on_result(active[tid], future.result(), config)
-            for tid in [t for t in order if active[t].phase is Phase.DONE]:
-                state = active.pop(tid)
-                record = episode_record(state, seconds=time.perf_counter() - started[tid])
-                records.append(record)
-                if path is not None:
-                    _append(path, record)
-            if progress and total:
-                rate = len(records) / max(time.perf_counter() - t0, 1e-9)
-                print(
-                    f"\repisodes {len(records)}/{total}  {rate:.2f} episodes/s",
-                    end="" if active else "\n",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    finally:
-        pool.shutdown(wait=True)
-    return records
+    finished = run_episode_states(
+        specs,
+        policy,
+        executor,
+        config,
+        out_path=out_path,
+        call_timeout_s=call_timeout_s,
+        max_parallel_calls=max_parallel_calls,
+        progress=progress,
+    )
+    return [f.record for f in finished]
 
 
 def load_records(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -1,5 +1,17 @@
 """Flax NNX language models with Hugging Face checkpoints and LoRA adapters."""
 
-from pau_jax.models import kv_cache, layers, llama, lora, qwen3, sharding, weights
+from pau_jax.models import auto, kv_cache, layers, llama, lora, qwen3, qwen3_moe, sharding, weights
+from pau_jax.models.auto import load_hf
 
-__all__ = ["kv_cache", "layers", "llama", "lora", "qwen3", "sharding", "weights"]
+__all__ = [
+    "auto",
+    "kv_cache",
+    "layers",
+    "llama",
+    "load_hf",
+    "lora",
+    "qwen3",
+    "qwen3_moe",
+    "sharding",
+    "weights",
+]

@@ -5,7 +5,9 @@ Every parameter carries logical axis names (``out_sharding`` metadata) drawn fro
 and ``vocab`` (V). Linear kernels are stored ``[in, out]``, so ``q_proj`` is
 ``[D, N*H]`` with axes ``("embed", "heads")`` and ``o_proj`` is ``[N*H, D]``
 with ``("heads", "embed")``; the merged ``N*H`` dimension is named after its
-head axis. ``sharding.py`` maps these names to mesh axes.
+head axis. ``sharding.py`` maps these names to mesh axes. Activations are
+constrained (``sharding.constrain``) at block boundaries, after the attention
+heads and inside the MLP; without a mesh context these are no-ops.
 
 The modules read their sizes from a config object with the fields of
 ``qwen3.Qwen3Config`` (``hidden_size``, ``num_attention_heads``,
@@ -21,10 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from pau_jax.models import sharding
+
 Axes = tuple[str | None, ...]
 KV = tuple[jax.Array, jax.Array]
 
 INIT_STDDEV = 0.02
+
+# Logical axes of the [B, T, D] hidden states between blocks.
+ACTIVATION_AXES = ("batch", "length", "act_embed")
 
 
 def partitioned(initializer, axes: Axes):
@@ -219,7 +226,10 @@ class Attention(nnx.Module):
             v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), start)
             new_cache = (k, v)
         out = attend(q, k.astype(q.dtype), v.astype(q.dtype), mask)
-        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim)), new_cache
+        out = sharding.constrain(
+            out.reshape(b, t, self.num_heads * self.head_dim), ("batch", "length", "act_heads")
+        )
+        return self.o_proj(out), new_cache
 
 
 class MLP(nnx.Module):
@@ -233,20 +243,22 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Maps [B, T, D] to [B, T, D]."""
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        hidden = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(sharding.constrain(hidden, ("batch", "length", "act_mlp")))
 
 
 class DecoderLayer(nnx.Module):
     """Pre-norm transformer block: attention and MLP, each with a residual connection."""
 
-    def __init__(self, config, *, dtype, rngs: nnx.Rngs):
+    def __init__(self, config, *, dtype, rngs: nnx.Rngs, mlp_class=None):
+        """``mlp_class`` (default ``MLP``) builds the feed-forward block from (config, dtype, rngs)."""
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps=eps, axis_name="embed", dtype=dtype)
         self.self_attn = Attention(config, dtype=dtype, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(
             config.hidden_size, eps=eps, axis_name="embed", dtype=dtype
         )
-        self.mlp = MLP(config, dtype=dtype, rngs=rngs)
+        self.mlp = (mlp_class or MLP)(config, dtype=dtype, rngs=rngs)
 
     def __call__(self, x, *, positions, mask, cache=None, cache_index=None):
         """Maps [B, T, D] to ([B, T, D], updated cache or None); see ``Attention``."""
@@ -259,4 +271,4 @@ class DecoderLayer(nnx.Module):
         )
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, new_cache
+        return sharding.constrain(x, ACTIVATION_AXES), new_cache

@@ -180,7 +180,9 @@ def _uniform(found: dict[str, LoRA]) -> tuple[int, float]:
 def _target_modules(model: nnx.Module, adapted: set[str]) -> list[str]:
     """Short names when they select exactly the adapted layers, else the full paths."""
     names = sorted({path.rsplit(".", 1)[-1] for path in adapted})
-    selected = {path for path, _ in _linears(model) if _matches(path, names)}
+    # Every module peft would match by these suffixes (e.g. stacked experts named gate_proj).
+    every = {".".join(str(p) for p in path) for path, _ in nnx.iter_modules(model) if path}
+    selected = {path for path in every if _matches(path, names)}
     return names if selected == adapted else sorted(adapted)
 
 

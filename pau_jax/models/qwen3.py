@@ -56,6 +56,11 @@ class Qwen3Config:
         """The [head_dim / 2] float32 rotary inverse frequencies (unscaled RoPE)."""
         return layers.rope_inv_freq(self.head_dim, self.rope_theta)
 
+    def mlp_class(self, layer_index: int) -> type[nnx.Module]:
+        """The feed-forward block of decoder layer ``layer_index`` (dense SwiGLU everywhere)."""
+        del layer_index
+        return layers.MLP
+
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], *, source: str = "config") -> "Qwen3Config":
         """Reads a Hugging Face Qwen3 config dict (transformers 4 or 5 form).
@@ -195,8 +200,8 @@ class Qwen3Model(nnx.Module):
         )
         self.layers = nnx.List(
             [
-                layers.DecoderLayer(config, dtype=dtype, rngs=rngs)
-                for _ in range(config.num_hidden_layers)
+                layers.DecoderLayer(config, dtype=dtype, rngs=rngs, mlp_class=config.mlp_class(i))
+                for i in range(config.num_hidden_layers)
             ]
         )
         self.norm = layers.RMSNorm(
@@ -209,7 +214,7 @@ class Qwen3Model(nnx.Module):
         ``cache`` is None or (keys, values), each L arrays [B, S, K, H]; ``mask``
         is [B, T, T] without a cache and [B, T, S] with one.
         """
-        x = self.embed_tokens(input_ids)
+        x = sharding.constrain(self.embed_tokens(input_ids), layers.ACTIVATION_AXES)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache[0][i], cache[1][i])

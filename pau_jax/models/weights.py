@@ -4,12 +4,19 @@ An NNX parameter path maps to a Hugging Face name by joining its parts with dots
 and renaming the leaf: ``kernel`` (an [in, out] linear kernel, transposed to
 torch's [out, in]), ``embedding`` and ``weight`` all become ``weight``. So
 ``model.layers.0.self_attn.q_proj.kernel`` is ``model.layers.0.self_attn.q_proj.weight``.
+
+A kernel whose first logical axis is ``expert`` ([E, in, out]) is a stack of
+per-expert linear kernels. It is written as one tensor per expert, with the
+expert index before the layer name (``model.layers.0.mlp.experts.0.gate_proj.weight``,
+[out, in]), which is what ``save_pretrained`` writes. It is read from that form or
+from the fused form transformers 5 holds in memory: ``<experts>.gate_up_proj``
+[E, 2 * out, in] (gate rows first, then up rows) and ``<experts>.down_proj`` [E, out, in].
 """
 
 import dataclasses
 import json
 import pathlib
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -131,6 +138,103 @@ def hf_name(path: tuple) -> tuple[str, bool]:
     raise ValueError(f"parameter {'.'.join(map(str, path))} has no Hugging Face name")
 
 
+EXPERT_AXIS = "expert"
+
+# A per-expert kernel's fused tensor: name and (part, number of parts) along the out rows.
+_FUSED_EXPERTS = {
+    "gate_proj": ("gate_up_proj", 0, 2),
+    "up_proj": ("gate_up_proj", 1, 2),
+    "down_proj": ("down_proj", 0, 1),
+}
+
+
+def is_expert_stack(var: nnx.Variable) -> bool:
+    """Whether a parameter is an [E, in, out] stack of per-expert kernels (first axis ``expert``)."""
+    axes = var.get_metadata().get("out_sharding") or ()
+    return len(axes) == 3 and axes[0] == EXPERT_AXIS
+
+
+def expert_names(path: tuple, num_experts: int) -> list[str]:
+    """Per-expert Hugging Face names of an expert-stack kernel path (``...experts.{i}.<layer>.weight``)."""
+    *modules, layer, leaf = (str(part) for part in path)
+    if leaf != "kernel":
+        raise ValueError(f"expert stack {'.'.join(map(str, path))} must be a linear 'kernel'")
+    parent = ".".join(modules)
+    return [f"{parent}.{i}.{layer}.weight" for i in range(num_experts)]
+
+
+def _fused_name(path: tuple) -> tuple[str, int, int] | None:
+    """(fused tensor name, part, parts) of an expert-stack kernel path, or None if it has none."""
+    *modules, layer, _ = (str(part) for part in path)
+    if layer not in _FUSED_EXPERTS:
+        return None
+    name, part, parts = _FUSED_EXPERTS[layer]
+    return ".".join([*modules, name]), part, parts
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Source:
+    """Where one parameter's values come from: its checkpoint tensors and a reader of slices."""
+
+    names: tuple[str, ...]
+    read: Callable[[tuple], np.ndarray]  # index into the parameter's shape -> host array
+
+
+def _plan(path: tuple, var: nnx.Variable, reader: "SafetensorsReader") -> _Source | list[str]:
+    """The source of one parameter, or the names it needs that the checkpoint lacks.
+
+    Raises:
+      ValueError: a tensor exists with a shape the parameter cannot take.
+    """
+    shape = tuple(var.shape)
+    if not is_expert_stack(var):
+        name, transpose = hf_name(path)
+        if name not in reader.names:
+            return [name]
+        _check_shape(reader, name, shape[::-1] if transpose else shape)
+
+        def read(index, name=name, transpose=transpose):
+            host = reader.array(name)
+            return (host.T if transpose else host)[index]
+
+        return _Source(names=(name,), read=read)
+    experts, d_in, d_out = shape
+    per_expert = expert_names(path, experts)
+    fused = _fused_name(path)
+    use_fused = fused is not None and fused[0] in reader.names
+    if not use_fused or any(n in reader.names for n in per_expert):
+        missing = [n for n in per_expert if n not in reader.names]
+        if missing:
+            return missing
+        for name in per_expert:
+            _check_shape(reader, name, (d_out, d_in))
+        return _Source(
+            names=tuple(per_expert),
+            read=lambda index: _stack(index, experts, lambda e: reader.array(per_expert[e]).T),
+        )
+    name, part, parts = fused
+    _check_shape(reader, name, (experts, parts * d_out, d_in))
+    rows = slice(part * d_out, (part + 1) * d_out)
+    return _Source(
+        names=(name,),
+        read=lambda index: _stack(index, experts, lambda e: reader.array(name)[e, rows].T),
+    )
+
+
+def _stack(index: tuple, num_experts: int, kernel: Callable[[int], np.ndarray]) -> np.ndarray:
+    """The ``index`` slice of an [E, in, out] stack whose expert e is ``kernel(e)`` ([in, out])."""
+    index = tuple(index) + (slice(None),) * (3 - len(index))
+    return np.stack([kernel(e)[index[1:]] for e in range(num_experts)[index[0]]])
+
+
+def _check_shape(reader: "SafetensorsReader", name: str, expected: tuple[int, ...]) -> None:
+    if reader.shape(name) != tuple(expected):
+        raise ValueError(
+            f"tensor {name!r} in {reader.file(name)} has shape {reader.shape(name)}, "
+            f"but the config needs {tuple(expected)}; check config.json against the weights"
+        )
+
+
 def iter_params(model: nnx.Module) -> Iterator[tuple[tuple, nnx.Variable]]:
     """The model's base parameters (its ``nnx.Param`` objects, not LoRA ones) in graph order."""
     for path, node in nnx.iter_graph(model):
@@ -175,36 +279,30 @@ def load_into(
       ValueError: a parameter has no tensor, a tensor is unused, or a shape differs.
     """
     reader = open_checkpoint(directory)
-    wanted = {}
+    wanted, missing = [], []
     for path, var in iter_params(model):
-        name, transpose = hf_name(path)
-        wanted[name] = (var, transpose)
-    missing = [n for n in wanted if n not in reader.names]
+        source = _plan(path, var, reader)
+        if isinstance(source, list):
+            missing.extend(source)
+        else:
+            wanted.append((var, source))
     if missing:
         raise ValueError(
             f"checkpoint {reader.source} lacks {len(missing)} tensor(s) the model needs: "
             f"{_names(missing)}; check that the checkpoint matches its config.json"
         )
-    unused = sorted(reader.names - set(wanted) - set(ignore))
+    used = {name for _, source in wanted for name in source.names}
+    unused = sorted(reader.names - used - set(ignore))
     if unused:
         raise ValueError(
             f"checkpoint {reader.source} has {len(unused)} tensor(s) the model does not use: "
             f"{_names(unused)}; it is not a checkpoint of this architecture"
         )
-    for name, (var, transpose) in wanted.items():
-        expected = tuple(var.shape[::-1]) if transpose else tuple(var.shape)
-        if reader.shape(name) != expected:
-            raise ValueError(
-                f"tensor {name!r} in {reader.file(name)} has shape {reader.shape(name)}, "
-                f"but the config needs {expected}; check config.json against the weights"
-            )
     target = np.dtype(dtype)
-    for name, (var, transpose) in wanted.items():
-        host = reader.array(name)
-        if transpose:
-            host = host.T
+    everything = (slice(None),)
+    for var, source in wanted:
         if mesh is None:
-            value = jax.device_put(np.ascontiguousarray(host, dtype=target))
+            value = jax.device_put(np.ascontiguousarray(source.read(everything), dtype=target))
         else:
             placement = sharding.named_sharding(
                 var.get_metadata().get("out_sharding"), var.shape, mesh, rules
@@ -212,17 +310,24 @@ def load_into(
             value = jax.make_array_from_callback(
                 tuple(var.shape),
                 placement,
-                lambda index, host=host: np.ascontiguousarray(host[index], dtype=target),
+                lambda index, read=source.read: np.ascontiguousarray(read(index), dtype=target),
             )
         var.set_value(value)
 
 
 def hf_state_dict(model: nnx.Module) -> dict[str, np.ndarray]:
-    """The model's base parameters as host arrays under Hugging Face names ([out, in] kernels)."""
+    """The model's base parameters as host arrays under Hugging Face names ([out, in] kernels).
+
+    Expert stacks become one tensor per expert (see the module docstring).
+    """
     tensors = {}
     for path, var in iter_params(model):
-        name, transpose = hf_name(path)
         array = np.asarray(jax.device_get(var[...]))
+        if is_expert_stack(var):
+            for name, kernel in zip(expert_names(path, array.shape[0]), array, strict=True):
+                tensors[name] = np.ascontiguousarray(kernel.T)
+            continue
+        name, transpose = hf_name(path)
         tensors[name] = np.ascontiguousarray(array.T if transpose else array)
     return tensors
 

@@ -31,12 +31,26 @@ class SamplingConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Completion:
-    """One reply: its text, why it ended ('stop' or 'length') and token counts."""
+    """One reply: its text, why it ended ('stop' or 'length'), token counts and the tokens.
+
+    Attributes:
+      text: the reply decoded without special tokens.
+      finish_reason: 'stop' (a stop token) or 'length' (the token budget).
+      prompt_tokens: length of the prompt.
+      completion_tokens: number of sampled tokens (the stop token included).
+      prompt_ids: the prompt's token ids (chat template applied).
+      token_ids: the sampled token ids, the stop token that ended the reply included.
+      logprobs: per sampled token, log_softmax(logits / T) at the sampling temperature T
+        (T = 1 for greedy replies): what a learner scoring the tokens at T computes.
+    """
 
     text: str
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    prompt_ids: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
 
 
 class LocalPolicy:
@@ -75,7 +89,7 @@ class LocalPolicy:
     def complete(
         self, conversations: Sequence[Sequence[dict]], sampling: SamplingConfig | None = None
     ) -> list[Completion]:
-        """Replies with their finish reasons and token counts, under `sampling` (default: own)."""
+        """Replies with their tokens and log-probs, under `sampling` (default: the policy's own)."""
         if not conversations:
             return []
         s = sampling or self.sampling
@@ -103,8 +117,13 @@ class LocalPolicy:
                 finish_reason=reason,
                 prompt_tokens=len(prompt),
                 completion_tokens=len(ids),
+                prompt_ids=tuple(prompt),
+                token_ids=tuple(int(i) for i in ids),
+                logprobs=tuple(float(x) for x in logprobs),
             )
-            for ids, reason, prompt in zip(out.tokens, out.finish_reasons, prompts, strict=True)
+            for ids, logprobs, reason, prompt in zip(
+                out.tokens, out.plain_logprobs, out.finish_reasons, prompts, strict=True
+            )
         ]
 
     def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:

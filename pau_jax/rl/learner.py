@@ -238,6 +238,7 @@ class TrainStep:
         *,
         in_shardings=None,
         out_shardings=None,
+        mesh: jax.sharding.Mesh | None = None,
     ):
         """Builds the jitted update.
 
@@ -247,6 +248,9 @@ class TrainStep:
           in_shardings: optional shardings of ``(base, state, batch)`` for
             ``jax.jit`` (from the mesh rules); None lets jit follow the inputs.
           out_shardings: optional shardings of ``(state, metrics)``.
+          mesh: optional mesh made current while tracing, so the model's
+            activation sharding constraints apply (``parallel.train_step_shardings``
+            returns all three).
         """
         graphdef, _, self.base = split_model(model)
         shardings = {}
@@ -255,10 +259,14 @@ class TrainStep:
         if out_shardings is not None:
             shardings["out_shardings"] = out_shardings
         self.config = config
+        self.mesh = mesh
         self.jitted = jax.jit(
             functools.partial(_update, graphdef, config), donate_argnums=(1,), **shardings
         )
 
     def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         """One optimizer step on ``batch``; ``state`` is consumed (donated)."""
-        return self.jitted(self.base, state, batch)
+        if self.mesh is None:
+            return self.jitted(self.base, state, batch)
+        with jax.set_mesh(self.mesh):
+            return self.jitted(self.base, state, batch)

@@ -7,9 +7,14 @@ token, computing no logits, and copies the cache to the prompt's G sample rows; 
 loop feeds one token per row per step (first the last prompt token), writes one cache
 slot in place (the cache is donated; the model state is not, since the caller keeps the
 model) and stops when every row has hit a stop token or the token budget.
+
+A model placed on a mesh (``parallel.shard_model``, usually in the sampler layout) is
+sampled under that mesh: rows are split over the ``batch`` mesh axes and the cache over
+the key/value heads where the sizes divide (``sharding.constrain``); otherwise replicated.
 """
 
 import collections
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -19,12 +24,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pau_jax.models import kv_cache
+from pau_jax.models import kv_cache, sharding
 from pau_jax.sampling import batching, logits, output
 
 _TRACES: collections.Counter = collections.Counter()
 _CALLS: collections.Counter = collections.Counter()
 MAX_STOP_IDS = 8
+# Logical axes of the cached keys and values [B, S, K, H].
+_CACHE_AXES = ("batch", "length", "act_kv_heads", None)
 
 
 def trace_counts() -> dict[str, int]:
@@ -68,7 +75,12 @@ def _prefill(graphdef, state, input_ids, mask, row_source, *, cache_len, cache_d
         attention_mask=mask,
         last_only=True,
     )
-    return jax.tree.map(lambda x: jnp.take(x, row_source, axis=0), cache)
+    cache = jax.tree.map(lambda x: jnp.take(x, row_source, axis=0), cache)
+    return kv_cache.KVCache(
+        k=tuple(sharding.constrain(k, _CACHE_AXES) for k in cache.k),
+        v=tuple(sharding.constrain(v, _CACHE_AXES) for v in cache.v),
+        mask=sharding.constrain(cache.mask, ("batch", "length")),
+    )
 
 
 @functools.partial(
@@ -283,39 +295,42 @@ def generate(
     if cache_dtype is None:
         cache_dtype = model.dtype
 
-    start = time.perf_counter()
-    _CALLS["prefill"] += 1
-    _CALLS["prefill_rows"] += layout.input_ids.shape[0]
-    cache = _prefill(
-        graphdef,
-        state,
-        jnp.asarray(layout.input_ids),
-        jnp.asarray(layout.mask),
-        jnp.asarray(layout.row_source),
-        cache_len=cache_len,
-        cache_dtype=jnp.dtype(cache_dtype),
-    )
-    jax.block_until_ready(cache)
-    prefilled = time.perf_counter()
-    stop_ids = np.full(MAX_STOP_IDS, -1, np.int32)
-    stop_ids[: len(stop_token_ids)] = stop_token_ids
-    _CALLS["decode"] += 1
-    results = _decode(
-        graphdef,
-        state,
-        cache,
-        jnp.asarray(layout.last_tokens),
-        jnp.asarray(layout.prompt_lens),
-        jnp.asarray(layout.active),
-        jnp.asarray(_padded(temperature, rows, 0.0)),
-        jnp.asarray(_padded(top_k, rows, 0)),
-        jnp.asarray(_padded(top_p, rows, 1.0)),
-        jnp.asarray(stop_ids),
-        jnp.int32(max_new_tokens),
-        jnp.asarray(_uniforms(seed, rows, buffer_len)),
-        buffer_len=buffer_len,
-        max_top_k=max_top_k,
-    )
+    # Under the model's mesh (if any), so the activation and cache constraints apply.
+    mesh = sharding.mesh_of(state)
+    with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
+        start = time.perf_counter()
+        _CALLS["prefill"] += 1
+        _CALLS["prefill_rows"] += layout.input_ids.shape[0]
+        cache = _prefill(
+            graphdef,
+            state,
+            jnp.asarray(layout.input_ids),
+            jnp.asarray(layout.mask),
+            jnp.asarray(layout.row_source),
+            cache_len=cache_len,
+            cache_dtype=jnp.dtype(cache_dtype),
+        )
+        jax.block_until_ready(cache)
+        prefilled = time.perf_counter()
+        stop_ids = np.full(MAX_STOP_IDS, -1, np.int32)
+        stop_ids[: len(stop_token_ids)] = stop_token_ids
+        _CALLS["decode"] += 1
+        results = _decode(
+            graphdef,
+            state,
+            cache,
+            jnp.asarray(layout.last_tokens),
+            jnp.asarray(layout.prompt_lens),
+            jnp.asarray(layout.active),
+            jnp.asarray(_padded(temperature, rows, 0.0)),
+            jnp.asarray(_padded(top_k, rows, 0)),
+            jnp.asarray(_padded(top_p, rows, 1.0)),
+            jnp.asarray(stop_ids),
+            jnp.int32(max_new_tokens),
+            jnp.asarray(_uniforms(seed, rows, buffer_len)),
+            buffer_len=buffer_len,
+            max_top_k=max_top_k,
+        )
     tokens, logprobs, plain, lengths, stopped = (np.asarray(x) for x in results[:5])
     decoded = time.perf_counter()
     return _assemble(

@@ -1,5 +1,6 @@
 """The batched episode runner over the real sandbox, driven by scripted policies."""
 
+import dataclasses
 import json
 
 import pytest
@@ -8,6 +9,7 @@ from pau_jax import demo_tasks
 from pau_jax.env import episode
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.evaluation import runner
+from pau_jax.policy.local import Completion
 from pau_jax.sandbox import Executor
 
 # Inputs a scripted prober tries, per task, in order.
@@ -140,3 +142,59 @@ def test_duplicate_ids_rejected(specs, executor):
 
 def test_render_call_single_tuple_argument():
     assert episode.render_call(((1, 2),)) == "test_func((1, 2))"
+
+
+class CompletionPolicy:
+    """The scripted replies wrapped as reply objects with token ids, like LocalPolicy.complete."""
+
+    def __init__(self):
+        self.inner = ScriptedPolicy(stop_after=1)
+
+    def __call__(self, conversations):
+        return [
+            Completion(
+                text=text,
+                finish_reason="stop",
+                prompt_tokens=3,
+                completion_tokens=len(text),
+                prompt_ids=(1, 2, 3),
+                token_ids=tuple(range(len(text))),
+                logprobs=(-0.5,) * len(text),
+            )
+            for text in self.inner(conversations)
+        ]
+
+
+def test_one_task_many_times_keeps_states_and_replies(specs, executor, tmp_path):
+    group = [dataclasses.replace(specs[0], episode_id=f"affine#{g}") for g in range(3)]
+    assert specs[0].episode_id == "demo/affine"  # defaults to the task id
+    out = tmp_path / "group.jsonl"
+    finished = runner.run_episode_states(
+        group, CompletionPolicy(), executor, EpisodeConfig(), out_path=out, progress=False
+    )
+    assert sorted(f.spec.episode_id for f in finished) == ["affine#0", "affine#1", "affine#2"]
+    for f in finished:
+        assert f.state.finish_reason == "stop" and len(f.replies) == len(f.state.steps) == 3
+        assert [r.text for r in f.replies] == [s.output for s in f.state.steps]
+        assert f.record["episode_id"] == f.spec.episode_id
+        assert f.record["task_id"] == "demo/affine"
+        assert f.record["steps"][0]["finish_reason"] == "stop"
+        assert f.record["steps"][0]["completion_tokens"] == len(f.replies[0].text)
+    assert runner.finished_ids(out) == {"affine#0", "affine#1", "affine#2"}
+    # The same records through run_episodes (which returns the JSON records only).
+    again = runner.run_episodes(
+        group, CompletionPolicy(), executor, EpisodeConfig(), progress=False
+    )
+    assert _strip_timing(again) == _strip_timing([f.record for f in finished])
+
+
+def test_records_without_episode_ids_resume_by_task_id(specs, tmp_path):
+    out = tmp_path / "old.jsonl"
+    out.write_text(json.dumps({"task_id": "demo/affine"}) + "\n")
+    assert runner.finished_ids(out) == {"demo/affine"}
+
+
+def test_duplicate_episode_ids_rejected(specs, executor):
+    twins = [dataclasses.replace(specs[0], episode_id="x")] * 2
+    with pytest.raises(ValueError, match="unique"):
+        runner.run_episodes(twins, ScriptedPolicy(), executor, EpisodeConfig(), progress=False)

@@ -212,7 +212,8 @@ GIN_PRESETS = {
 
 
 def test_every_preset_has_a_gin_file():
-    assert sorted(p.name for p in GIN_DIR.glob("qwen3_*.gin")) == sorted(GIN_PRESETS)
+    dense = [p.name for p in GIN_DIR.glob("qwen3_*.gin") if "a3b" not in p.name]  # a3b: MoE
+    assert sorted(dense) == sorted(GIN_PRESETS)
     assert sorted(GIN_PRESETS.values()) == sorted(qwen3.PRESETS)
 
 

@@ -1,0 +1,238 @@
+"""Rollout collection: GRPO groups of PAU episodes → critic scores → step rewards → advantages → samples.
+
+One call of ``collect`` runs ``group_size`` episodes of each task (a GRPO
+group) as one batch through the episode runner with the actor, has the critic
+score every reasoning and reflection step of every episode in one batched
+call, turns each episode into per-step rewards (``rewards.record_from_state``,
+``rewards.episode_rewards``) and the rewards into advantages with the chosen
+credit function (the group of an episode is its task), and returns one
+training ``Sample`` per step: that phase's prompt ids, the generated ids, the
+sampler's log-probs and the step's advantage.
+"""
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from pau_jax.env.episode import EpisodeConfig, Phase
+from pau_jax.evaluation import runner
+from pau_jax.evaluation.runner import EpisodeSpec, FinishedEpisode
+from pau_jax.policy.local import SamplingConfig
+from pau_jax.rl import critic as critic_lib
+from pau_jax.rl import rewards as rewards_lib
+from pau_jax.rl.samples import Sample
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """How rollouts are sampled (paper values by default).
+
+    Attributes:
+      tasks_per_batch: distinct tasks per training step (GRPO prompts per batch).
+      group_size: G, episodes per task.
+      max_new_tokens: token budget of one actor reply.
+      temperature: sampling temperature of the actor (the learner's GRPO
+        temperature must match it).
+      top_k, top_p: sampling filters (0 and 1: none; the learner assumes none).
+      enable_thinking: passed to the chat template.
+      call_timeout_s: wall-clock limit of one sandbox call.
+      max_parallel_calls: sandbox calls in flight at once.
+    """
+
+    tasks_per_batch: int = 8
+    group_size: int = 8
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    enable_thinking: bool = False
+    call_timeout_s: float = 2.0
+    max_parallel_calls: int = 8
+
+    def __post_init__(self):
+        if self.tasks_per_batch < 1 or self.group_size < 1:
+            raise ValueError(
+                f"tasks_per_batch and group_size must be >= 1, got {self.tasks_per_batch} "
+                f"and {self.group_size}"
+            )
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    def sampling(self, seed: int) -> SamplingConfig:
+        """The actor's sampling settings, with base seed ``seed``."""
+        return SamplingConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=seed,
+            enable_thinking=self.enable_thinking,
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rollout:
+    """What one collection produced.
+
+    Attributes:
+      samples: one per step of every episode, episodes in group order.
+      metrics: ``rollout/*`` and ``critic/*`` scalars.
+      episodes: the finished episodes, ordered group by group.
+      group_ids: per episode, its group (the task's position in the batch and its id).
+      scores: per episode, per step, the critic's score or None.
+      rewards: per episode, per step, the reward.
+      advantages: per episode, [n_steps] float32 advantages.
+    """
+
+    samples: list[Sample]
+    metrics: dict[str, float]
+    episodes: list[FinishedEpisode]
+    group_ids: list[tuple[int, str]]
+    scores: list[list[float | None]]
+    rewards: list[list[float]]
+    advantages: list[np.ndarray]
+
+
+def group_specs(tasks: Sequence[EpisodeSpec], group_size: int) -> list[EpisodeSpec]:
+    """``group_size`` copies of each task with distinct episode ids ``<task id>#<b>.<g>``."""
+    return [
+        dataclasses.replace(spec, episode_id=f"{spec.task.task_id}#{b}.{g}")
+        for b, spec in enumerate(tasks)
+        for g in range(group_size)
+    ]
+
+
+def _sample(reply, advantage: float, where: str) -> Sample:
+    for name in ("prompt_ids", "token_ids", "logprobs"):
+        if not getattr(reply, name, None):
+            raise ValueError(
+                f"{where}: the actor's reply has no {name}; the actor must return token ids "
+                "and log-probs (use LocalPolicy.complete)"
+            )
+    return Sample(
+        prompt_ids=list(reply.prompt_ids),
+        completion_ids=list(reply.token_ids),
+        sampler_logprobs=list(reply.logprobs),
+        advantage=float(advantage),
+    )
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else 0.0
+
+
+def _metrics(episodes, scores, rewards, terms, advantages, group_ids, critic) -> dict:
+    states = [e.state for e in episodes]
+    steps = [s for state in states for s in state.steps]
+    replies = [r for e in episodes for r in e.replies]
+    out = {
+        "rollout/episodes": float(len(states)),
+        "rollout/steps": float(len(steps)),
+        "rollout/reward_mean": _mean(sum(r) for r in rewards),
+        "rollout/step_reward_mean": _mean(x for r in rewards for x in r),
+        "rollout/final_reward_mean": _mean(r[-1] for r in rewards),
+        "rollout/stop_rate": _mean(s.finish_reason == "stop" for s in states),
+        "rollout/budget_rate": _mean(s.finish_reason == "budget" for s in states),
+        "rollout/timeout_rate": _mean(s.finish_reason == "max_steps" for s in states),
+        "rollout/steps_per_episode": _mean(len(s.steps) for s in states),
+        "rollout/calls_per_episode": _mean(s.n_calls for s in states),
+        "rollout/call_error_rate": _mean(
+            not s.call_ok for s in steps if s.phase is Phase.GENERATE and s.parse_ok
+        ),
+        "rollout/truncated_rate": _mean(
+            getattr(r, "finish_reason", "stop") == "length" for r in replies
+        ),
+        "rollout/completion_tokens_mean": _mean(len(getattr(r, "token_ids", ())) for r in replies),
+        "rollout/advantage_abs_mean": _mean(np.abs(a).mean() for a in advantages),
+        "critic/requested": float(critic.requested),
+        "critic/unparsed": float(critic.unparsed),
+        "critic/unparsed_rate": critic.unparsed / max(critic.requested, 1),
+        "critic/score_mean": _mean(x for s in scores for x in s if x is not None),
+        "rollout/episode_seconds": _mean(e.seconds for e in episodes),
+    }
+    for phase in (Phase.CONCEPTUALIZE, Phase.GENERATE, Phase.REVISE):
+        out[f"rollout/parse_failure_rate/{phase.value}"] = _mean(
+            not s.parse_ok for s in steps if s.phase is phase
+        )
+    for key in rewards_lib.TERMS:
+        out[f"rollout/term/{key}"] = _mean(sum(t[key] for t in ep) for ep in terms)
+    groups: dict = {}
+    for gid, r in zip(group_ids, rewards):
+        groups.setdefault(gid, []).append(sum(r))
+    out["rollout/flat_group_rate"] = _mean(np.ptp(v) == 0 for v in groups.values())
+    return out
+
+
+def collect(
+    tasks: Sequence[EpisodeSpec],
+    *,
+    actor,
+    critic,
+    executor,
+    references: Mapping[str, critic_lib.Reference] | None,
+    config: RolloutConfig,
+    episode_config: EpisodeConfig,
+    reward_config: rewards_lib.RewardConfig,
+    critic_config: critic_lib.CriticConfig,
+    advantage_fn: Callable,
+) -> Rollout:
+    """Runs ``config.group_size`` episodes of each task and turns every step into a sample.
+
+    Args:
+      tasks: the batch's tasks (usually ``config.tasks_per_batch`` of them).
+      actor: ``actor(conversations) -> replies`` with ``.text``, ``.prompt_ids``,
+        ``.token_ids`` and ``.logprobs`` (e.g. ``LocalPolicy.complete``).
+      critic: ``critic(conversations) -> texts`` (greedy; see ``critic.critic_model``).
+      executor: the sandbox ``Executor``.
+      references: task id -> privileged information for the critic.
+      config: group size and sandbox settings.
+      episode_config: the protocol (``max_steps`` = T_max).
+      reward_config: the reward schedule.
+      critic_config: the critic's settings.
+      advantage_fn: ``fn(rewards, group_ids) -> advantages`` from ``pau_jax.rl.credit``.
+
+    Returns:
+      A ``Rollout``.
+    """
+    if episode_config.max_steps != reward_config.max_steps:
+        raise ValueError(
+            f"EpisodeConfig.max_steps={episode_config.max_steps} differs from "
+            f"RewardConfig.max_steps={reward_config.max_steps}; set both to T_max"
+        )
+    specs = group_specs(tasks, config.group_size)
+    finished = runner.run_episode_states(
+        specs,
+        actor,
+        executor,
+        episode_config,
+        call_timeout_s=config.call_timeout_s,
+        max_parallel_calls=config.max_parallel_calls,
+        progress=False,
+    )
+    by_id = {f.spec.episode_id: f for f in finished}
+    episodes = [by_id[spec.episode_id] for spec in specs]
+    group_ids = [(i // config.group_size, e.spec.task.task_id) for i, e in enumerate(episodes)]
+    verdict = critic_lib.score_episodes(
+        critic, [e.state for e in episodes], references, critic_config
+    )
+    records = [rewards_lib.record_from_state(e.state, s) for e, s in zip(episodes, verdict.scores)]
+    rewards = [rewards_lib.episode_rewards(r, reward_config) for r in records]
+    terms = [rewards_lib.episode_terms(r, reward_config) for r in records]
+    advantages = advantage_fn(rewards, group_ids)
+    samples = [
+        _sample(reply, adv, f"episode {e.spec.episode_id} step {i}")
+        for e, episode_adv in zip(episodes, advantages)
+        for i, (reply, adv) in enumerate(zip(e.replies, episode_adv, strict=True))
+    ]
+    metrics = _metrics(episodes, verdict.scores, rewards, terms, advantages, group_ids, verdict)
+    return Rollout(
+        samples=samples,
+        metrics=metrics,
+        episodes=episodes,
+        group_ids=group_ids,
+        scores=verdict.scores,
+        rewards=rewards,
+        advantages=[np.asarray(a, np.float32) for a in advantages],
+    )

@@ -1,0 +1,320 @@
+"""Behaviour cloning of recorded episode steps: masked token NLL on LoRA adapters, micro-batched.
+
+Every step of an episode record (``evaluation.runner.episode_record``) becomes
+one training pair: the prompt is the chat template of the step's ``messages``
+with the generation prompt (exactly what ``LocalPolicy`` feeds the sampler),
+the completion is the step's ``output`` followed by the end-of-turn token. The
+loss is the token mean of ``-log p(completion token)`` over a batch, computed
+as (sum, denominator) per micro-batch like ``grpo.policy_loss`` so that
+micro-batching gives the full-batch gradient. The update reuses the learner's
+``TrainState``, ``init_state`` and optimizer: only ``nnx.LoRAParam`` arrays
+move, and the base weights are read, never written.
+
+    step = SFTStep(model, config)
+    state = learner.init_state(model, config.learner_config())
+    state, history = train_sft(model, tokenizer, records, config)
+"""
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from pau_jax.rl import grpo, learner
+from pau_jax.rl.learner import Batch, TrainState
+from pau_jax.rl.samples import Sample, make_batch
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTConfig:
+    """Optimiser, batching and data limits of supervised fine-tuning.
+
+    Attributes:
+      learning_rate: AdamW learning rate.
+      weight_decay: AdamW decoupled weight decay.
+      max_grad_norm: global-norm gradient clipping.
+      epochs: passes over the training pairs.
+      batch_size: pairs per optimizer step (the last batch is padded with
+        rows that carry no loss).
+      micro_batch_size: rows per micro-batch; None = the whole batch. Must
+        divide ``batch_size``.
+      max_length: pairs whose prompt + completion is longer are dropped (and
+        counted in the ``sft/dropped_pairs`` metric).
+      pad_to_multiple: sequence lengths are padded to a multiple of this, so
+        only a few shapes compile.
+      logits_chunk_tokens: positions whose [chunk, V] logits exist at once.
+      seed: seed of the per-epoch shuffle.
+    """
+
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    epochs: int = 1
+    batch_size: int = 8
+    micro_batch_size: int | None = None
+    max_length: int = 4096
+    pad_to_multiple: int = 128
+    logits_chunk_tokens: int = 1024
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size", "max_length", "pad_to_multiple"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SFTConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.micro_batch_size is not None and (
+            self.micro_batch_size < 1 or self.batch_size % self.micro_batch_size
+        ):
+            raise ValueError(
+                f"micro_batch_size={self.micro_batch_size} must be >= 1 and divide "
+                f"batch_size={self.batch_size}"
+            )
+
+    def learner_config(self) -> learner.LearnerConfig:
+        """The learner config carrying this config's optimiser settings (for init_state)."""
+        return learner.LearnerConfig(
+            learning_rate=self.learning_rate,
+            weight_decay=self.weight_decay,
+            max_grad_norm=self.max_grad_norm,
+            micro_batch_size=self.micro_batch_size,
+            logits_chunk_tokens=self.logits_chunk_tokens,
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTExample:
+    """One training pair: prompt token ids and the completion ids to imitate."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+
+
+def nll_loss(logp: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Token NLL of a (micro-)batch as (sum, denominator); position 0 never counts.
+
+    Args:
+      logp: [B, T] log-probs, column t scoring token t (``grpo.token_logprobs``).
+      loss_mask: [B, T], 1 on the tokens to imitate.
+
+    Returns:
+      (scalar sum of -logp over masked tokens, scalar number of masked tokens).
+    """
+    mask = loss_mask.astype(jnp.float32) * (jnp.arange(logp.shape[1]) > 0)
+    return -jnp.sum(logp * mask), jnp.sum(mask)
+
+
+def make_sft_batch(
+    examples: Sequence[SFTExample], *, pad_to_multiple: int, rows_multiple: int, pad_id: int = 0
+) -> Batch:
+    """Left-padded learner ``Batch`` of pairs (its advantages and sampler log-probs are 0)."""
+    return make_batch(
+        [
+            Sample(
+                prompt_ids=e.prompt_ids,
+                completion_ids=e.completion_ids,
+                sampler_logprobs=[0.0] * len(e.completion_ids),
+                advantage=0.0,
+            )
+            for e in examples
+        ],
+        pad_to_multiple=pad_to_multiple,
+        rows_multiple=rows_multiple,
+        pad_id=pad_id,
+    )
+
+
+def _micro_batch_nll(graphdef, chunk_tokens: int, base, lora, batch: Batch):
+    model = nnx.merge(graphdef, lora, base)
+    logp, _ = grpo.token_logprobs(
+        model, batch.input_ids, batch.attention_mask, chunk_tokens=chunk_tokens
+    )
+    return nll_loss(logp, batch.loss_mask)
+
+
+def _update(graphdef, config: SFTConfig, base, state: TrainState, batch: Batch):
+    rows = batch.input_ids.shape[0]
+    size = config.micro_batch_size or rows
+    if rows % size:
+        raise ValueError(f"batch of {rows} rows is not a multiple of micro_batch_size={size}")
+    grad_fn = jax.value_and_grad(
+        functools.partial(_micro_batch_nll, graphdef, config.logits_chunk_tokens, base),
+        has_aux=True,
+    )
+
+    def accumulate(carry, micro):
+        grads, loss_sum, denominator = carry
+        (part_sum, part_denominator), part_grads = grad_fn(state.lora, micro)
+        return (
+            jax.tree.map(jnp.add, grads, part_grads),
+            loss_sum + part_sum,
+            denominator + part_denominator,
+        ), None
+
+    zero = jnp.zeros((), jnp.float32)
+    carry = (jax.tree.map(jnp.zeros_like, state.lora), zero, zero)
+    if size == rows:
+        carry, _ = accumulate(carry, batch)
+    else:
+        micro_batches = jax.tree.map(lambda x: x.reshape(rows // size, size, *x.shape[1:]), batch)
+        carry, _ = jax.lax.scan(accumulate, carry, micro_batches)
+    grads, loss_sum, denominator = carry
+    grads = jax.tree.map(lambda g: g / jnp.maximum(denominator, 1.0), grads)
+    updates, opt_state = learner.optimizer(config.learner_config()).update(
+        grads, state.opt_state, state.lora
+    )
+    new_state = TrainState(
+        step=state.step + 1, lora=optax.apply_updates(state.lora, updates), opt_state=opt_state
+    )
+    metrics = {
+        "sft/loss": loss_sum / jnp.maximum(denominator, 1.0),
+        "sft/tokens": denominator,
+        "train/grad_norm": optax.tree.norm(grads),
+        "train/update_norm": optax.tree.norm(updates),
+    }
+    return new_state, metrics
+
+
+class SFTStep:
+    """The compiled update ``sft_step(state, batch) -> (state, metrics)`` of one model.
+
+    As ``learner.TrainStep``: the base weights are read from the model once and
+    passed to every call undonated; the train state (from
+    ``learner.init_state(model, config.learner_config())``) is donated.
+
+    Attributes:
+      jitted: the ``jax.jit`` function ``(base, state, batch) -> (state, metrics)``.
+      base: the model's non-LoRA state (its own arrays).
+    """
+
+    def __init__(self, model: nnx.Module, config: SFTConfig):
+        graphdef, _, self.base = learner.split_model(model)
+        self.config = config
+        self.jitted = jax.jit(functools.partial(_update, graphdef, config), donate_argnums=(1,))
+
+    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        """One optimizer step on ``batch`` (its loss mask marks the tokens to imitate)."""
+        return self.jitted(self.base, state, batch)
+
+
+def end_of_turn_id(tokenizer) -> int:
+    """The id that ends an assistant turn: ``<|im_end|>`` (Qwen) / ``<|eot_id|>`` (Llama) or eos."""
+    vocab = tokenizer.get_vocab()
+    for token in END_OF_TURN_TOKENS:
+        if token in vocab:
+            return int(vocab[token])
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no end-of-turn token and no eos token")
+    return int(tokenizer.eos_token_id)
+
+
+def _prompt_ids(tokenizer, messages: Sequence[dict], enable_thinking: bool) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=True, tokenize=True, enable_thinking=enable_thinking
+    )
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def samples_from_records(
+    records: Iterable[dict[str, Any]],
+    tokenizer,
+    *,
+    enable_thinking: bool = False,
+    skip_unparsed: bool = False,
+) -> list[SFTExample]:
+    """Training pairs from episode records, one per step, in order.
+
+    Args:
+      records: JSON episode records (``steps`` with ``messages`` and ``output``).
+      tokenizer: the policy's tokenizer (its chat template renders the prompts).
+      enable_thinking: passed to the chat template, as ``SamplingConfig`` does.
+      skip_unparsed: drop steps whose output the environment could not parse.
+
+    Returns:
+      The pairs: prompt = the chat template of ``messages`` with the generation
+      prompt, completion = ``output`` tokens then the end-of-turn token.
+    """
+    end = end_of_turn_id(tokenizer)
+    examples = []
+    for r, record in enumerate(records):
+        if "steps" not in record:
+            raise ValueError(f"record {r} has no 'steps'; pass episode records (episodes.jsonl)")
+        for s, step in enumerate(record["steps"]):
+            if "messages" not in step or "output" not in step:
+                raise ValueError(f"record {r} step {s} lacks 'messages' or 'output'")
+            if skip_unparsed and not step.get("parse_ok", True):
+                continue
+            output = tokenizer.encode(step["output"], add_special_tokens=False)
+            examples.append(
+                SFTExample(
+                    prompt_ids=_prompt_ids(tokenizer, step["messages"], enable_thinking),
+                    completion_ids=[int(i) for i in output] + [end],
+                )
+            )
+    return examples
+
+
+def train_sft(
+    model: nnx.Module,
+    tokenizer,
+    records: Iterable[dict[str, Any]],
+    config: SFTConfig,
+    *,
+    writer=None,
+    enable_thinking: bool = False,
+) -> tuple[TrainState, list[dict[str, float]]]:
+    """Fine-tunes the model's LoRA adapters on every step of the records for ``config.epochs``.
+
+    Args:
+      model: a model with LoRA adapters; afterwards they hold (copies of) the result.
+      tokenizer: the policy's tokenizer.
+      records: episode records (e.g. ``runner.load_records(path)``).
+      config: the run's settings.
+      writer: optional ``MetricsWriter``; one line per optimizer step.
+      enable_thinking: passed to the chat template.
+
+    Returns:
+      (the final train state, per step a dict of float metrics).
+    """
+    examples = samples_from_records(records, tokenizer, enable_thinking=enable_thinking)
+    kept = [e for e in examples if len(e.prompt_ids) + len(e.completion_ids) <= config.max_length]
+    dropped = len(examples) - len(kept)
+    if dropped:
+        logging.warning("SFT drops %d of %d pairs longer than max_length", dropped, len(examples))
+    if not kept:
+        raise ValueError(
+            f"no training pair fits max_length={config.max_length} ({len(examples)} pairs)"
+        )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    step_fn = SFTStep(model, config)
+    state = learner.init_state(model, config.learner_config())
+    rng = np.random.default_rng(config.seed)
+    history = []
+    for epoch in range(config.epochs):
+        order = rng.permutation(len(kept))
+        for start in range(0, len(order), config.batch_size):
+            chunk = [kept[i] for i in order[start : start + config.batch_size]]
+            batch = make_sft_batch(
+                chunk,
+                pad_to_multiple=config.pad_to_multiple,
+                rows_multiple=config.batch_size,
+                pad_id=pad_id,
+            )
+            state, metrics = step_fn(state, batch)
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            metrics.update({"sft/epoch": float(epoch), "sft/dropped_pairs": float(dropped)})
+            history.append(metrics)
+            if writer is not None:
+                writer.write(len(history), metrics)
+    # The model gets copies, so donating the returned state later leaves it intact.
+    learner.sync_model(model, dataclasses.replace(state, lora=jax.tree.map(jnp.copy, state.lora)))
+    return state, history

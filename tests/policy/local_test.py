@@ -1,0 +1,103 @@
+"""LocalPolicy.complete: prompt ids, sampled ids and log-probs at the sampling temperature."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from pau_jax.models import qwen3
+from pau_jax.policy.local import LocalPolicy, SamplingConfig
+from pau_jax.sampling import generate
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What does test_func(3) return?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+]
+CONFIG = qwen3.Qwen3Config(
+    vocab_size=151936,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
+    max_position_embeddings=2048,
+)
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    from pau_jax.tokenizer import load_tokenizer
+
+    return qwen3.Qwen3ForCausalLM(CONFIG, rngs=nnx.Rngs(0)), load_tokenizer("qwen3-offline")
+
+
+@nnx.jit
+def _logits(model, ids):
+    return model(ids, jnp.ones_like(ids))
+
+
+def _log_softmax(x):
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def test_complete_returns_prompt_tokens_and_logprobs_at_the_temperature(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    temperature = 0.7
+    sampling = SamplingConfig(max_new_tokens=5, temperature=temperature, seed=3)
+    completions = LocalPolicy(model, tokenizer, sampling).complete(CONVERSATIONS)
+    for conversation, c in zip(CONVERSATIONS, completions):
+        assert list(c.prompt_ids) == LocalPolicy(model, tokenizer).encode(conversation)
+        assert len(c.token_ids) == len(c.logprobs) == c.completion_tokens > 0
+        assert c.prompt_tokens == len(c.prompt_ids)
+        assert c.text == tokenizer.decode(list(c.token_ids), skip_special_tokens=True)
+        # Teacher-forced log_softmax(logits / T) of the same tokens (the learner's view).
+        ids = np.asarray([list(c.prompt_ids) + list(c.token_ids)], np.int32)
+        logits = np.asarray(_logits(model, ids))[0] / temperature
+        lp = _log_softmax(logits)
+        n = len(c.prompt_ids)
+        expected = [lp[n - 1 + i, t] for i, t in enumerate(c.token_ids)]
+        np.testing.assert_allclose(c.logprobs, expected, atol=2e-4)
+
+
+def test_complete_matches_the_sampler_and_call_is_unchanged(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0, seed=5)
+    completions = LocalPolicy(model, tokenizer, sampling).complete(CONVERSATIONS)
+    policy = LocalPolicy(model, tokenizer, sampling)
+    prompts = [policy.encode(c) for c in CONVERSATIONS]
+    out = generate(
+        model,
+        prompts,
+        max_new_tokens=4,
+        temperature=1.0,
+        stop_token_ids=policy.stop_token_ids,
+        seed=5,
+    )
+    for c, tokens, plain in zip(completions, out.tokens, out.plain_logprobs):
+        assert list(c.token_ids) == list(tokens)
+        np.testing.assert_array_equal(np.asarray(c.logprobs, np.float32), plain)
+    # __call__ still returns the texts (the same draws: call 0 of a fresh policy).
+    assert LocalPolicy(model, tokenizer, sampling)(CONVERSATIONS) == [c.text for c in completions]
+
+
+def test_greedy_logprobs_are_plain_log_softmax(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    (c,) = LocalPolicy(model, tokenizer, SamplingConfig(max_new_tokens=3)).complete(
+        CONVERSATIONS[:1]
+    )
+    ids = np.asarray([list(c.prompt_ids) + list(c.token_ids)], np.int32)
+    lp = _log_softmax(np.asarray(_logits(model, ids))[0])
+    n = len(c.prompt_ids)
+    # Greedy: each token is the argmax, and its log-prob is log_softmax at T = 1 (not 0).
+    for i, t in enumerate(c.token_ids):
+        assert t == int(np.argmax(lp[n - 1 + i]))
+    np.testing.assert_allclose(
+        c.logprobs, [lp[n - 1 + i, t] for i, t in enumerate(c.token_ids)], atol=2e-4
+    )
+    assert all(x < 0 for x in c.logprobs)

@@ -1,0 +1,192 @@
+"""The AAC training loop: seeded task order, resume equal to an uninterrupted run, the gin runs."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from pau_jax.env.episode import EpisodeConfig
+from pau_jax.models import qwen3
+from pau_jax.rl import loop
+from pau_jax.rl.critic import CriticConfig
+from pau_jax.rl.learner import LearnerConfig
+from pau_jax.rl.rewards import RewardConfig
+from pau_jax.rl.rollout import RolloutConfig
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+TINY = dict(
+    model_config=qwen3.Qwen3Config(
+        vocab_size=151936,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    ),
+    seed=3,
+    lora_rank=2,
+    lora_alpha=2.0,
+    episode_config=EpisodeConfig(call_budget=2, max_steps=3),
+    reward_config=RewardConfig(max_steps=3),
+    rollout_config=RolloutConfig(tasks_per_batch=1, group_size=2, max_new_tokens=8),
+    critic_config=CriticConfig(max_new_tokens=4),
+    learner_config=LearnerConfig(learning_rate=1e-2, logits_chunk_tokens=256),
+    checkpoint_every=1,
+    pad_to_multiple=64,
+    rows_multiple=2,
+    sandbox_workers=1,
+)
+
+
+def test_task_order_is_seeded_epoch_permutations_and_resumable():
+    order = loop.task_order(7, 0, 5, 12)
+    assert sorted(order[:5]) == list(range(5)) and sorted(order[5:10]) == list(range(5))
+    assert loop.task_order(8, 0, 5, 12) != order
+    # Continuing from a saved position gives the same sequence.
+    assert loop.task_order(7, 4, 5, 8) == order[4:12]
+    assert loop.task_order(7, 0, 5, 12) == order
+    with pytest.raises(ValueError, match="no training tasks"):
+        loop.task_order(0, 0, 0, 1)
+
+
+def test_rollout_seeds_of_steps_never_overlap():
+    seeds = [loop.rollout_seed(s, k) for s in range(3) for k in range(100)]
+    gaps = np.diff(sorted(seeds))
+    assert len(set(seeds)) == len(seeds) and gaps.min() >= loop._SEEDS_PER_STEP
+
+
+def _metrics(run_dir):
+    lines = (pathlib.Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _adapter(run_dir):
+    return safetensors.numpy.load_file(
+        str(pathlib.Path(run_dir) / "adapter" / "adapter_model.safetensors")
+    )
+
+
+def test_a_resumed_run_takes_the_same_steps_as_an_uninterrupted_one(tmp_path, capsys):
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    loop.train(run_dir=str(whole), steps=2, **TINY)
+    first = loop.train(run_dir=str(split), steps=1, **TINY)
+    assert first["steps"] == 1 and first["data_position"] == 1
+    after_one = _adapter(split)
+    capsys.readouterr()
+    second = loop.train(run_dir=str(split), steps=2, **TINY)
+    assert "resuming from step 1 (task position 1)" in capsys.readouterr().out
+    assert second["steps"] == 2 and second["data_position"] == 2
+    # Step 1 was not redone: one metrics line per step.
+    assert [m["step"] for m in _metrics(split)] == [1, 2]
+    uninterrupted, resumed = _metrics(whole)[1], _metrics(split)[1]
+    for key in ("train/loss", "train/grad_norm", "rollout/reward_mean", "train/tokens"):
+        assert resumed[key] == pytest.approx(uninterrupted[key], rel=1e-6, abs=1e-9), key
+    assert uninterrupted["train/loss"] != 0.0
+    final_whole, final_split = _adapter(whole), _adapter(split)
+    assert sorted(final_whole) == sorted(final_split)
+    for name in final_whole:
+        np.testing.assert_allclose(final_split[name], final_whole[name], atol=1e-7)
+    # The second step did move the adapters.
+    assert any(not np.array_equal(after_one[n], final_split[n]) for n in final_split)
+    assert sorted(p.name for p in (split / "checkpoints").iterdir()) == ["1", "2"]
+    # A finished run resumed again has nothing left to do.
+    assert loop.train(run_dir=str(split), steps=2, **TINY)["steps"] == 2
+    assert len(_metrics(split)) == 2
+    with pytest.raises(ValueError, match="seed"):
+        loop.train(run_dir=str(split), steps=3, **dict(TINY, seed=4))
+
+
+def _launch(*args, cwd):
+    return subprocess.run(
+        [sys.executable, "-m", "pau_jax.launch", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
+    )
+
+
+OVERLAYS = ("ablations/final.gin", "ablations/sym_info.gin")
+
+
+def test_every_aac_gin_combination_parses(tmp_path):
+    for extra in ((), *((o,) for o in OVERLAYS)):
+        files = ["aac.gin", *extra, "debug/local_tiny.gin"]
+        proc = _launch(*(f"--gin_file={f}" for f in files), "--dry_run", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = proc.stdout
+        assert "train.steps = 2" in out and "EpisodeConfig.max_steps = %T_MAX" in out
+        if "final" in "".join(extra):
+            assert "advantage_fn = @pau_jax.rl.credit.final_only" in out
+        if "sym_info" in "".join(extra):
+            assert "CriticConfig.privileged = 'none'" in out
+    # The paper defaults with nothing overlaid.
+    proc = _launch("--gin_file=aac.gin", "--dry_run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (
+        "T_MAX = 40" in proc.stdout
+        and "advantage_fn = @pau_jax.rl.credit.return_to_go" in proc.stdout
+    )
+
+
+@pytest.mark.slow
+def test_launch_aac_tiny_end_to_end(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _launch(
+        "--gin_file=aac.gin",
+        "--gin_file=debug/local_tiny.gin",
+        f"--run_dir={run_dir}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["1", "2"]
+    metrics = _metrics(run_dir)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert np.isfinite(m["train/loss"]) and m["rollout/episodes"] == 4.0
+        assert m["rollout/steps_per_episode"] <= 3.0 and m["critic/requested"] >= 4.0
+    peft = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
+    assert peft["r"] == 4 and len(peft["target_modules"]) == 7
+    assert (run_dir / "adapter" / "adapter_model.safetensors").exists()
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
+    assert "advantage_fn = @pau_jax.rl.credit.return_to_go" in (run_dir / "config.gin").read_text()
+    assert list(run_dir.glob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_ablation_runs_one_tiny_step(overlay, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _launch(
+        "--gin_file=aac.gin",
+        f"--gin_file={overlay}",
+        "--gin_file=debug/local_tiny.gin",
+        "--gin.pau_jax.experiment.train.steps=1",
+        f"--run_dir={run_dir}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [m["step"] for m in _metrics(run_dir)] == [1]
+    operative = (run_dir / "operative_config.gin").read_text()
+    if "final" in overlay:
+        assert "@pau_jax.rl.credit.final_only" in operative
+    else:
+        assert "privileged = 'none'" in operative
+
+
+def test_learner_temperature_must_match_the_rollout(tmp_path):
+    with pytest.raises(ValueError, match="RolloutConfig.temperature=0.7"):
+        loop.train(
+            run_dir=str(tmp_path), **dict(TINY, rollout_config=RolloutConfig(temperature=0.7))
+        )
