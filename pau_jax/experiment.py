@@ -283,10 +283,6 @@ def quickstart(
         f"over the real Qwen3 vocabulary: scores measure the pipeline, not a model",
         f"{before['tasks']} tasks of pau/{dataset_config} {eval_split}; judge and coder: the base "
         "checkpoint in both evaluations; 'after' adds the AAC LoRA adapter to the agent only",
-    ] + [
-        f"AAC step {m['step']}: loss {m.get('train/loss', float('nan')):.4f}, reward mean "
-        f"{m.get('rollout/reward_mean', float('nan')):.3f}"
-        for m in history
     ]
     path = report.write_report(
         out,
@@ -295,6 +291,7 @@ def quickstart(
         notes=notes,
         intervals=intervals,
         comparisons=comparisons,
+        training=history,
     )
     seconds["report"] = time.perf_counter() - t
 

@@ -142,7 +142,8 @@ def test_quickstart_reduced_writes_every_artefact(tmp_path):
         assert f"| {run} | 3 |" in report, run
     assert "| after/interactive vs before/interactive | code_match |" in report
     images = [line[line.index("(") + 1 : -1] for line in report.splitlines() if line[:2] == "!["]
-    assert images
+    assert {"training.png", "after_interactive_vs_in_context.png"} <= set(images)
+    assert "## Training" in report
     for image in images:
         assert (run_dir / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -117,9 +117,16 @@ def _plots(runs: Mapping[str, Sequence[dict]], summaries: Mapping[str, dict], ou
     plt.close(fig)
     written.append("code_match.png")
 
-    if "interactive" in runs and "in_context" in runs:
-        inter = {r["task_id"]: r.get("code_match") for r in runs["interactive"]}
-        ctx = {r["task_id"]: r.get("code_match") for r in runs["in_context"]}
+    # Interactive vs in-context per task, for every pair of runs "<prefix>interactive" and
+    # "<prefix>in_context" (e.g. "interactive" / "in_context", "after/interactive" / ...).
+    for name in names:
+        if not name.endswith("interactive"):
+            continue
+        prefix = name[: -len("interactive")]
+        if f"{prefix}in_context" not in runs:
+            continue
+        inter = {r["task_id"]: r.get("code_match") for r in runs[name]}
+        ctx = {r["task_id"]: r.get("code_match") for r in runs[f"{prefix}in_context"]}
         common = sorted(
             t for t in inter if t in ctx and inter[t] is not None and ctx[t] is not None
         )
@@ -128,11 +135,51 @@ def _plots(runs: Mapping[str, Sequence[dict]], summaries: Mapping[str, dict], ou
         ax.plot([0, 1], [0, 1], color="gray", linewidth=1)
         ax.set_xlabel("in-context code match")
         ax.set_ylabel("interactive code match")
+        if prefix:
+            ax.set_title(prefix.rstrip("/_ "))
         fig.tight_layout()
-        fig.savefig(out / "interactive_vs_in_context.png", dpi=100)
+        file_name = "interactive_vs_in_context.png"
+        if prefix:
+            file_name = f"{prefix.rstrip('/_ ').replace('/', '_')}_{file_name}"
+        fig.savefig(out / file_name, dpi=100)
         plt.close(fig)
-        written.append("interactive_vs_in_context.png")
+        written.append(file_name)
     return written
+
+
+TRAINING_CURVES = (("train/loss", "loss"), ("rollout/reward_mean", "episode reward (mean)"))
+
+
+def _training_plot(history: Sequence[dict], out: pathlib.Path) -> str | None:
+    """`training.png`: loss and mean episode reward per training step (from metrics.jsonl)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    curves = [(key, label) for key, label in TRAINING_CURVES if any(key in m for m in history)]
+    if not curves:
+        return None
+    fig, axes = plt.subplots(1, len(curves), figsize=(4 * len(curves), 3), squeeze=False)
+    for ax, (key, label) in zip(axes[0], curves, strict=True):
+        points = [(m["step"], m[key]) for m in history if key in m]
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o")
+        ax.set_xlabel("training step")
+        ax.set_ylabel(label)
+    fig.tight_layout()
+    fig.savefig(out / "training.png", dpi=100)
+    plt.close(fig)
+    return "training.png"
+
+
+def training_table(history: Sequence[dict]) -> str:
+    """One row per training step: the loss and reward curves' values."""
+    rows = ["| step | " + " | ".join(label for _, label in TRAINING_CURVES) + " |"]
+    rows.append("|---" * (len(TRAINING_CURVES) + 1) + "|")
+    for m in history:
+        cells = [_fmt(m.get(key), 4) for key, _ in TRAINING_CURVES]
+        rows.append(f"| {m['step']} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def write_report(
@@ -143,6 +190,7 @@ def write_report(
     notes: Sequence[str] = (),
     intervals: Mapping[str, Mapping[str, dict]] | None = None,
     comparisons: Mapping[str, Mapping[str, dict]] | None = None,
+    training: Sequence[dict] | None = None,
 ) -> pathlib.Path:
     """Writes `report.md` and its PNG plots into `run_dir`; returns the report path.
 
@@ -153,6 +201,8 @@ def write_report(
       notes: bullet lines at the end.
       intervals: run name -> metric -> bootstrap interval (`dataclasses.asdict(stats.Interval)`).
       comparisons: "a vs b" -> metric -> paired interval of mean(a - b), with `p_value`.
+      training: metrics.jsonl lines of a training run (`step`, `train/loss`,
+        `rollout/reward_mean`); adds a table and `training.png`.
     """
     if not runs:
         raise ValueError("write_report needs at least one run of scored records")
@@ -170,6 +220,11 @@ def write_report(
             for name, by_metric in comparisons.items()
             for metric, iv in by_metric.items()
         ] + [""]
+    if training:
+        lines += ["## Training", "", training_table(training)]
+        curve = _training_plot(training, out)
+        if curve:
+            images.append(curve)
     failures = failure_table(summaries)
     if failures:
         lines += ["## Failure modes of low-scoring episodes", "", failures]

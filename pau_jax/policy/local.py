@@ -53,11 +53,16 @@ class Completion:
     logprobs: tuple[float, ...] = ()
 
 
+# End-of-turn / end-of-text tokens of the supported chat formats (Qwen, Llama 3).
+_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
+
+
 class LocalPolicy:
     """Renders conversations with the tokenizer's chat template and samples replies.
 
-    Stops at `<|im_end|>` / `<|endoftext|>` (whichever the tokenizer has, plus its
-    eos). Replies are decoded without special tokens. Statistics of the last call
+    Stops at the end-of-turn and end-of-text tokens the tokenizer has (Qwen:
+    `<|im_end|>`, `<|endoftext|>`; Llama 3: `<|eot_id|>`, `<|eom_id|>`,
+    `<|end_of_text|>`), plus its eos. Replies are decoded without special tokens. Statistics of the last call
     (tokens generated, seconds) are kept in `last_stats`.
     """
 
@@ -68,7 +73,7 @@ class LocalPolicy:
         self._calls = 0
         self.last_stats: dict[str, float] = {}
         stop = {tokenizer.eos_token_id}
-        for token in ("<|im_end|>", "<|endoftext|>"):
+        for token in _STOP_TOKENS:
             token_id = tokenizer.convert_tokens_to_ids(token)
             if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
                 stop.add(token_id)

@@ -51,3 +51,24 @@ def test_report_intervals_and_comparisons(tmp_path):
     assert "| interactive vs in_context | code_match | 0.250 | -0.100 | 0.500 | 95.0% |" in text
     assert "permutation p = 0.5000" in text
     assert "Failure modes" not in text
+
+
+def test_training_curves_and_prefixed_mode_pairs(tmp_path):
+    runs = {
+        "before/interactive": _records([2, 1], [0.0, 0.5]),
+        "before/in_context": _records([1, 1], [0.0, 0.0]),
+        "after/interactive": _records([3, 2], [0.5, 0.5]),
+    }
+    history = [
+        {"step": 1, "train/loss": 0.5, "rollout/reward_mean": -1.25},
+        {"step": 2, "train/loss": 0.25, "rollout/reward_mean": -0.5},
+    ]
+    text = report.write_report(tmp_path, runs, training=history).read_text()
+    assert "## Training" in text
+    assert "| 1 | 0.5000 | -1.2500 |" in text and "| 2 | 0.2500 | -0.5000 |" in text
+    # Only "before" has both modes, so only it gets the per-task scatter.
+    assert "](before_interactive_vs_in_context.png)" in text
+    assert not (tmp_path / "after_interactive_vs_in_context.png").exists()
+    for name in ("training.png", "before_interactive_vs_in_context.png"):
+        assert f"]({name})" in text
+        assert matplotlib.image.imread(tmp_path / name).shape[0] > 100

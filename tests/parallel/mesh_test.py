@@ -67,7 +67,6 @@ def test_greedy_sampling_with_tp2_equals_unsharded(fast):
     assert_same_tokens(fast["sample:2"])
 
 
-@pytest.mark.slow
 def test_pure_data_fsdp_and_tp_meshes_and_tp4_sampling_equal_one_device():
     results = run_checks("train:8,1,1", "train:1,8,1", "train:1,1,8", "sample:4")
     for shape in ("8,1,1", "1,8,1", "1,1,8"):

@@ -60,7 +60,6 @@ def test_sft_overlays_parse(overlay, tmp_path):
     assert "SFTConfig.epochs = 5" in proc.stdout and "T_MAX = 40" in proc.stdout
 
 
-@pytest.mark.slow
 def test_distill_with_the_oracle_teacher_trains_the_adapter_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     args = ("--gin_file=aac.gin", "--gin_file=ablations/distill.gin",
@@ -88,7 +87,6 @@ def test_distill_with_the_oracle_teacher_trains_the_adapter_and_resumes(tmp_path
     assert len(_records(run_dir)) == len(records) and len(_sft_metrics(run_dir)) == len(metrics)
 
 
-@pytest.mark.slow
 def test_codearc_sft_teacher_knows_the_answer_and_records_do_not(tmp_path):
     run_dir = tmp_path / "run"
     proc = _launch(

@@ -164,7 +164,6 @@ def test_launch_aac_tiny_end_to_end(tmp_path):
     assert list(run_dir.glob("events.out.tfevents.*"))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_each_ablation_runs_one_tiny_step(overlay, tmp_path):
     run_dir = tmp_path / "run"

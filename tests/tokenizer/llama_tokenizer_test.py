@@ -176,4 +176,7 @@ def test_chat_prompt_ids_have_one_bos_and_stop_at_eot(tok):
     rendered = tok.apply_chat_template(CONVERSATION[:2], tokenize=False, add_generation_prompt=True)
     assert ids == tok.encode(rendered, add_special_tokens=False)
     assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
-    assert tok.convert_tokens_to_ids(EOT) in policy.stop_token_ids
+    # Llama 3.1's generation_config stops on all three: end of turn, of message, of text.
+    stops = {tok.convert_tokens_to_ids(t) for t in (EOT, "<|eom_id|>", "<|end_of_text|>")}
+    assert stops <= set(policy.stop_token_ids)
+    assert tok.convert_tokens_to_ids("<|start_header_id|>") not in policy.stop_token_ids
