@@ -40,3 +40,26 @@ def make_tiny_qwen3(directory, *, seed: int = 0, **overrides):
     path = pathlib.Path(directory)
     model.save_pretrained(path)
     return path, model
+
+
+def tiny_qwen3_config(*, max_position_embeddings: int = 4096, **overrides):
+    """A `pau_jax` Qwen3Config of a 1-layer model over the real Qwen3 vocabulary (151,936 rows).
+
+    With the offline Qwen3 tokenizer it makes a real chat policy that is cheap on a CPU.
+    """
+    from pau_jax.models import qwen3
+
+    fields = dict(
+        vocab_size=151936,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        max_position_embeddings=max_position_embeddings,
+    )
+    return qwen3.Qwen3Config(**dict(fields, **overrides))

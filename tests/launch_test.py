@@ -3,9 +3,8 @@
 import json
 import pathlib
 import struct
-import subprocess
-import sys
 
+import launching
 import pytest
 import safetensors.numpy
 from tensorboardX.proto import event_pb2
@@ -30,17 +29,6 @@ REDUCED = (
 )
 
 
-def _launch(*args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "pau_jax.launch", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
-    )
-
-
 def _event_tags(folder: pathlib.Path) -> dict[str, list[int]]:
     """Scalar tags -> steps of every TensorBoard event file in `folder` (TFRecord framing)."""
     tags: dict[str, list[int]] = {}
@@ -62,7 +50,7 @@ def _jsonl(path: pathlib.Path) -> list[dict]:
 
 
 def test_dry_run_prints_the_config_with_overrides(tmp_path):
-    proc = _launch(
+    proc = launching.launch(
         "--gin_file=quickstart.gin",
         "--gin.EVAL_CALL_BUDGET=7",
         "--gin.pau_jax.experiment.train.steps=9",
@@ -76,14 +64,14 @@ def test_dry_run_prints_the_config_with_overrides(tmp_path):
 
 
 def test_unknown_gin_file_is_a_one_line_usage_error(tmp_path):
-    proc = _launch("--gin_file=nope.gin", cwd=tmp_path)
+    proc = launching.launch("--gin_file=nope.gin", cwd=tmp_path)
     assert proc.returncode != 0
     assert "gin file 'nope.gin' not found" in proc.stderr
 
 
 def test_quickstart_reduced_writes_every_artefact(tmp_path):
     run_dir, data_dir = tmp_path / "run", tmp_path / "tfds"
-    proc = _launch(
+    proc = launching.launch(
         "--gin_file=quickstart.gin",
         f"--run_dir={run_dir}",
         f"--gin.DATA_DIR='{data_dir}'",
@@ -156,7 +144,7 @@ def test_quickstart_reduced_writes_every_artefact(tmp_path):
     assert summary["seconds"]["total"] > 0
 
     # The same command again resumes every stage: nothing is redone or duplicated.
-    again = _launch(*proc.args[3:], cwd=tmp_path)
+    again = launching.launch(*proc.args[3:], cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from step 1" in again.stdout and "[train] step" not in again.stdout
     assert len(_jsonl(train / "metrics.jsonl")) == 1
@@ -169,5 +157,5 @@ def test_quickstart_reduced_writes_every_artefact(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "gin").glob("*.gin")))
 def test_top_level_gin_files_parse(name, tmp_path):
-    proc = _launch(f"--gin_file={name}", "--dry_run", cwd=tmp_path)
+    proc = launching.launch(f"--gin_file={name}", "--dry_run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -3,10 +3,9 @@
 import http.server
 import json
 import pathlib
-import subprocess
-import sys
 import threading
 
+import launching
 import pytest
 
 from pau_jax.evaluation import pipeline
@@ -193,20 +192,9 @@ def test_bad_arguments_are_clear(tmp_path):
         )
 
 
-def _launch(*args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "pau_jax.launch", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
-    )
-
-
 def test_launch_eval_tiny_writes_every_artefact(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _launch(
+    proc = launching.launch(
         "--gin_file=eval/interactive.gin",
         "--gin_file=debug/eval_tiny.gin",
         f"--run_dir={run_dir}",
@@ -244,7 +232,7 @@ def test_launch_eval_tiny_writes_every_artefact(tmp_path):
     ],
 )
 def test_eval_gin_files_parse(files, tmp_path):
-    proc = _launch(*[f"--gin_file={f}" for f in files], "--dry_run", cwd=tmp_path)
+    proc = launching.launch(*[f"--gin_file={f}" for f in files], "--dry_run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "run_defaults.run_mode = 'eval'" in proc.stdout
     if files[0] == "eval/in_context.gin":

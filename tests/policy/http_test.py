@@ -6,6 +6,7 @@ import threading
 import time
 import urllib.request
 
+import checkpoints
 import pytest
 
 from pau_jax.policy.http import HTTPConfig, HTTPPolicy
@@ -26,19 +27,7 @@ def local_policy():
     from pau_jax.models import qwen3
     from pau_jax.tokenizer import load_tokenizer
 
-    config = qwen3.Qwen3Config(
-        vocab_size=151936,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-        max_position_embeddings=2048,
-    )
+    config = checkpoints.tiny_qwen3_config(max_position_embeddings=2048)
     model = qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
     return LocalPolicy(model, load_tokenizer("qwen3-offline"), SamplingConfig(max_new_tokens=6))
 

@@ -1,5 +1,6 @@
 """LocalPolicy.complete: prompt ids, sampled ids and log-probs at the sampling temperature."""
 
+import checkpoints
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,19 +14,7 @@ CONVERSATIONS = [
     [{"role": "user", "content": "What does test_func(3) return?"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
 ]
-CONFIG = qwen3.Qwen3Config(
-    vocab_size=151936,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    rms_norm_eps=1e-6,
-    rope_theta=1e6,
-    tie_word_embeddings=True,
-    max_position_embeddings=2048,
-)
+CONFIG = checkpoints.tiny_qwen3_config(max_position_embeddings=2048)
 
 
 @pytest.fixture(scope="module")

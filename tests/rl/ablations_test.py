@@ -2,9 +2,8 @@
 
 import json
 import pathlib
-import subprocess
-import sys
 
+import launching
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -14,17 +13,6 @@ from pau_jax.sft import teacher
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ORACLE = "--gin.pau_jax.experiment.train.teacher=@pau_jax.evaluation.pipeline.OracleBackendConfig()"
-
-
-def _launch(*args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "pau_jax.launch", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
-    )
 
 
 def _records(run_dir):
@@ -47,14 +35,14 @@ def _sft_metrics(run_dir):
 @pytest.mark.parametrize("overlay", ["distill", "codearc_sft"])
 def test_sft_overlays_parse(overlay, tmp_path):
     files = ["aac.gin", f"ablations/{overlay}.gin", "debug/local_tiny.gin"]
-    proc = _launch(*(f"--gin_file={f}" for f in files), "--dry_run", cwd=tmp_path)
+    proc = launching.launch(*(f"--gin_file={f}" for f in files), "--dry_run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "train.sft_config = @pau_jax.sft.trainer.SFTConfig()" in out
     assert "SFTConfig.batch_size = 4" in out  # local_tiny.gin, parsed last, wins
     assert f"train.teacher_privileged = {overlay == 'codearc_sft'}" in out
     # Without the tiny overlay: the paper-scale settings of the ablation itself.
-    proc = _launch("--gin_file=aac.gin", f"--gin_file=ablations/{overlay}.gin", "--dry_run",
+    proc = launching.launch("--gin_file=aac.gin", f"--gin_file=ablations/{overlay}.gin", "--dry_run",
                    cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "SFTConfig.epochs = 5" in proc.stdout and "T_MAX = 40" in proc.stdout
@@ -64,7 +52,7 @@ def test_distill_with_the_oracle_teacher_trains_the_adapter_and_resumes(tmp_path
     run_dir = tmp_path / "run"
     args = ("--gin_file=aac.gin", "--gin_file=ablations/distill.gin",
             "--gin_file=debug/local_tiny.gin", ORACLE, f"--run_dir={run_dir}")  # fmt: skip
-    proc = _launch(*args, cwd=tmp_path)
+    proc = launching.launch(*args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = _records(run_dir)
     assert sorted(r["task_id"] for r in records) == sorted(t.task_id for t in demo_tasks.DEMO_TASKS)
@@ -81,7 +69,7 @@ def test_distill_with_the_oracle_teacher_trains_the_adapter_and_resumes(tmp_path
     assert (run_dir / "checkpoints" / str(len(metrics))).is_dir()
     assert "critic/requested" not in (run_dir / "metrics.jsonl").read_text()  # no GRPO
     # A rerun restores the finished SFT instead of collecting or training again.
-    proc = _launch(*args, cwd=tmp_path)
+    proc = launching.launch(*args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "already trained" in proc.stdout
     assert len(_records(run_dir)) == len(records) and len(_sft_metrics(run_dir)) == len(metrics)
@@ -89,7 +77,7 @@ def test_distill_with_the_oracle_teacher_trains_the_adapter_and_resumes(tmp_path
 
 def test_codearc_sft_teacher_knows_the_answer_and_records_do_not(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _launch(
+    proc = launching.launch(
         "--gin_file=aac.gin",
         "--gin_file=ablations/codearc_sft.gin",
         "--gin_file=debug/local_tiny.gin",

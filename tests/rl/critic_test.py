@@ -2,6 +2,7 @@
 
 import types
 
+import checkpoints
 import jax
 import numpy as np
 import pytest
@@ -177,19 +178,7 @@ def test_local_critic_over_the_shared_base_scores_greedily():
     from pau_jax.policy.local import LocalPolicy, SamplingConfig
     from pau_jax.tokenizer import load_tokenizer
 
-    config = qwen3.Qwen3Config(
-        vocab_size=151936,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-        max_position_embeddings=4096,
-    )
+    config = checkpoints.tiny_qwen3_config(max_position_embeddings=4096)
     actor = qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
     lora.apply_lora(actor, rank=2, alpha=2)
     tokenizer = load_tokenizer("qwen3-offline")

@@ -2,15 +2,14 @@
 
 import json
 import pathlib
-import subprocess
-import sys
 
+import checkpoints
+import launching
 import numpy as np
 import pytest
 import safetensors.numpy
 
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.models import qwen3
 from pau_jax.rl import loop
 from pau_jax.rl.critic import CriticConfig
 from pau_jax.rl.learner import LearnerConfig
@@ -20,19 +19,7 @@ from pau_jax.rl.rollout import RolloutConfig
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 TINY = dict(
-    model_config=qwen3.Qwen3Config(
-        vocab_size=151936,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-        max_position_embeddings=4096,
-    ),
+    model_config=checkpoints.tiny_qwen3_config(max_position_embeddings=4096),
     seed=3,
     lora_rank=2,
     lora_alpha=2.0,
@@ -106,24 +93,13 @@ def test_a_resumed_run_takes_the_same_steps_as_an_uninterrupted_one(tmp_path, ca
         loop.train(run_dir=str(split), steps=3, **dict(TINY, seed=4))
 
 
-def _launch(*args, cwd):
-    return subprocess.run(
-        [sys.executable, "-m", "pau_jax.launch", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
-    )
-
-
 OVERLAYS = ("ablations/final.gin", "ablations/sym_info.gin")
 
 
 def test_every_aac_gin_combination_parses(tmp_path):
     for extra in ((), *((o,) for o in OVERLAYS)):
         files = ["aac.gin", *extra, "debug/local_tiny.gin"]
-        proc = _launch(*(f"--gin_file={f}" for f in files), "--dry_run", cwd=tmp_path)
+        proc = launching.launch(*(f"--gin_file={f}" for f in files), "--dry_run", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
         out = proc.stdout
         assert "train.steps = 2" in out and "EpisodeConfig.max_steps = %T_MAX" in out
@@ -132,7 +108,7 @@ def test_every_aac_gin_combination_parses(tmp_path):
         if "sym_info" in "".join(extra):
             assert "CriticConfig.privileged = 'none'" in out
     # The paper defaults with nothing overlaid.
-    proc = _launch("--gin_file=aac.gin", "--dry_run", cwd=tmp_path)
+    proc = launching.launch("--gin_file=aac.gin", "--dry_run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (
         "T_MAX = 40" in proc.stdout
@@ -143,7 +119,7 @@ def test_every_aac_gin_combination_parses(tmp_path):
 @pytest.mark.slow
 def test_launch_aac_tiny_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _launch(
+    proc = launching.launch(
         "--gin_file=aac.gin",
         "--gin_file=debug/local_tiny.gin",
         f"--run_dir={run_dir}",
@@ -167,7 +143,7 @@ def test_launch_aac_tiny_end_to_end(tmp_path):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_each_ablation_runs_one_tiny_step(overlay, tmp_path):
     run_dir = tmp_path / "run"
-    proc = _launch(
+    proc = launching.launch(
         "--gin_file=aac.gin",
         f"--gin_file={overlay}",
         "--gin_file=debug/local_tiny.gin",
