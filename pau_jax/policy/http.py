@@ -14,6 +14,7 @@ Configuration comes from arguments or the environment:
 import concurrent.futures
 import dataclasses
 import json
+import math
 import os
 import threading
 import time
@@ -42,6 +43,9 @@ class HTTPConfig:
       model: the model name sent with each request; default from the environment.
       api_key: bearer token; default from the environment; may be empty for local servers.
       max_tokens, temperature, top_p, seed: sampling parameters sent with each request.
+      repetition_penalty: None to send none; else sent as "repetition_penalty" (Hugging
+        Face semantics; an extra sampling parameter that vLLM, SGLang and pau_jax's
+        `PolicyServer` accept, not part of the OpenAI API).
       max_concurrency: requests in flight at once.
       timeout_s: per-request timeout.
       max_retries: retries after the first attempt.
@@ -55,10 +59,16 @@ class HTTPConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = 0
+    repetition_penalty: float | None = None
     max_concurrency: int = 8
     timeout_s: float = 120.0
     max_retries: int = 4
     backoff_s: float = 1.0
+
+    def __post_init__(self):
+        penalty = self.repetition_penalty
+        if penalty is not None and not (math.isfinite(penalty) and penalty > 0):
+            raise ValueError(f"repetition_penalty must be None or finite and > 0, got {penalty}")
 
 
 def _env(*names: str) -> str | None:
@@ -110,6 +120,8 @@ class HTTPPolicy:
         }
         if c.seed is not None:
             payload["seed"] = c.seed
+        if c.repetition_penalty is not None:
+            payload["repetition_penalty"] = c.repetition_penalty
         error = ""
         for attempt in range(c.max_retries + 1):
             if attempt:

@@ -1,6 +1,7 @@
 """A policy backed by the JAX sampler over a local model and its tokenizer."""
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,6 +18,13 @@ class SamplingConfig:
       temperature: 0 for greedy.
       top_k: 0 for no limit.
       top_p: 1 for no limit.
+      repetition_penalty: > 0; 1 for none. Hugging Face's `repetition_penalty`: the logit
+        of every token in the prompt or the reply so far is divided by it if positive, else
+        multiplied, before temperature/top-k/top-p (see `pau_jax.sampling.generate`).
+      max_prompt_tokens: None for no limit; a conversation whose encoded prompt is longer
+        is not sampled: its `Completion` has finish_reason 'prompt_length' and no tokens.
+        This reproduces trainers that end a multi-turn episode once its prompt exceeds
+        their maximum prompt length (the episode runner ends such episodes).
       seed: base seed; call n of a policy uses seed + n, so a run is reproducible.
       enable_thinking: passed to the chat template (Qwen3's thinking switch).
     """
@@ -25,23 +33,39 @@ class SamplingConfig:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    max_prompt_tokens: int | None = None
     seed: int = 0
     enable_thinking: bool = False
+
+    def __post_init__(self):
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(
+                f"repetition_penalty must be finite and > 0 (1.0 means none), "
+                f"got {self.repetition_penalty}"
+            )
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(
+                f"max_prompt_tokens must be None (no limit) or >= 1, got {self.max_prompt_tokens}"
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Completion:
-    """One reply: its text, why it ended ('stop' or 'length'), token counts and the tokens.
+    """One reply: its text, why it ended, token counts and the tokens.
 
     Attributes:
       text: the reply decoded without special tokens.
-      finish_reason: 'stop' (a stop token) or 'length' (the token budget).
+      finish_reason: 'stop' (a stop token), 'length' (the token budget) or
+        'prompt_length' (the prompt exceeded `SamplingConfig.max_prompt_tokens`; nothing
+        was sampled, the text is empty).
       prompt_tokens: length of the prompt.
       completion_tokens: number of sampled tokens (the stop token included).
       prompt_ids: the prompt's token ids (chat template applied).
       token_ids: the sampled token ids, the stop token that ended the reply included.
       logprobs: per sampled token, log_softmax(logits / T) at the sampling temperature T
-        (T = 1 for greedy replies): what a learner scoring the tokens at T computes.
+        (T = 1 for greedy replies) of the model's raw logits, before any repetition
+        penalty: what a learner scoring the tokens at T computes.
     """
 
     text: str
@@ -73,10 +97,10 @@ class LocalPolicy:
         self._calls = 0
         self.last_stats: dict[str, float] = {}
         stop = {tokenizer.eos_token_id}
+        vocab = tokenizer.get_vocab()  # A token the tokenizer knows (its unk token included).
         for token in _STOP_TOKENS:
-            token_id = tokenizer.convert_tokens_to_ids(token)
-            if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
-                stop.add(token_id)
+            if token in vocab:
+                stop.add(int(vocab[token]))
         self.stop_token_ids = tuple(sorted(t for t in stop if t is not None))
 
     def encode(self, conversation: Sequence[dict]) -> list[int]:
@@ -92,44 +116,91 @@ class LocalPolicy:
         return [int(i) for i in ids]
 
     def complete(
-        self, conversations: Sequence[Sequence[dict]], sampling: SamplingConfig | None = None
+        self,
+        conversations: Sequence[Sequence[dict]],
+        sampling: SamplingConfig | None = None,
+        *,
+        repetition_penalties: Sequence[float] | None = None,
     ) -> list[Completion]:
-        """Replies with their tokens and log-probs, under `sampling` (default: the policy's own)."""
+        """Replies with their tokens and log-probs, under `sampling` (default: the policy's own).
+
+        Conversations whose prompt exceeds `sampling.max_prompt_tokens` get an empty
+        'prompt_length' completion; the others are sampled in one batch (none, if none is
+        left). Row r of that batch draws from seed (seed + n, r), so skipping a prompt
+        shifts the draws of the sampled replies after it (greedy replies are unaffected).
+
+        Args:
+          conversations: chat conversations (lists of {"role", "content"} messages).
+          sampling: settings of this call.
+          repetition_penalties: one penalty per conversation, replacing
+            `sampling.repetition_penalty` (rows of one batch may differ).
+
+        Returns:
+          One `Completion` per conversation, in order.
+        """
         if not conversations:
             return []
         s = sampling or self.sampling
+        if repetition_penalties is None:
+            repetition_penalties = [s.repetition_penalty] * len(conversations)
+        if len(repetition_penalties) != len(conversations):
+            raise ValueError(
+                f"repetition_penalties has {len(repetition_penalties)} values for "
+                f"{len(conversations)} conversations; pass one per conversation"
+            )
         prompts = [self.encode(c) for c in conversations]
+        limit = s.max_prompt_tokens
+        keep = [i for i, p in enumerate(prompts) if limit is None or len(p) <= limit]
+        seed = s.seed + self._calls
+        self._calls += 1
+        completions = [
+            Completion(
+                text="",
+                finish_reason="prompt_length",
+                prompt_tokens=len(prompt),
+                completion_tokens=0,
+                prompt_ids=tuple(prompt),
+            )
+            for prompt in prompts
+        ]
+        self.last_stats = {
+            "prompt_tokens": float(sum(len(prompts[i]) for i in keep)),
+            "generated_tokens": 0.0,
+            "prefill_seconds": 0.0,
+            "decode_seconds": 0.0,
+            "prompts_too_long": float(len(prompts) - len(keep)),
+        }
+        if not keep:
+            return completions
         out = generate(
             self.model,
-            prompts,
+            [prompts[i] for i in keep],
             max_new_tokens=s.max_new_tokens,
             temperature=s.temperature,
             top_k=s.top_k,
             top_p=s.top_p,
+            repetition_penalty=[float(repetition_penalties[i]) for i in keep],
             stop_token_ids=self.stop_token_ids,
-            seed=s.seed + self._calls,
+            seed=seed,
         )
-        self._calls += 1
-        self.last_stats = {
-            "prompt_tokens": float(sum(len(p) for p in prompts)),
-            "generated_tokens": float(np.sum(out.lengths)),
-            "prefill_seconds": out.prefill_seconds,
-            "decode_seconds": out.decode_seconds,
-        }
-        return [
-            Completion(
+        self.last_stats.update(
+            generated_tokens=float(np.sum(out.lengths)),
+            prefill_seconds=out.prefill_seconds,
+            decode_seconds=out.decode_seconds,
+        )
+        for i, ids, logprobs, reason in zip(
+            keep, out.tokens, out.plain_logprobs, out.finish_reasons, strict=True
+        ):
+            completions[i] = Completion(
                 text=self.tokenizer.decode(ids, skip_special_tokens=True),
                 finish_reason=reason,
-                prompt_tokens=len(prompt),
+                prompt_tokens=len(prompts[i]),
                 completion_tokens=len(ids),
-                prompt_ids=tuple(prompt),
-                token_ids=tuple(int(i) for i in ids),
+                prompt_ids=tuple(prompts[i]),
+                token_ids=tuple(int(t) for t in ids),
                 logprobs=tuple(float(x) for x in logprobs),
             )
-            for ids, logprobs, reason, prompt in zip(
-                out.tokens, out.plain_logprobs, out.finish_reasons, prompts, strict=True
-            )
-        ]
+        return completions
 
     def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
         return [c.text for c in self.complete(conversations)]

@@ -4,8 +4,10 @@ Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (non-streaming, `n = 1`
 Requests arriving together are answered by one sampler call: a single batching
 thread drains the queue (up to `max_batch` requests, waiting at most
 `batch_wait_s` for more), groups them by sampling parameters, and runs each
-group as one batch. Any client of the OpenAI chat API can then use a local
-model as judge, coder, teacher or policy.
+group as one batch. Requests that differ only in `repetition_penalty` (an extra
+parameter, as in vLLM and SGLang; Hugging Face semantics, > 0, 1 for none) share a
+batch, each row with its own penalty. Any client of the OpenAI chat API can then
+use a local model as judge, coder, teacher or policy.
 
     server = PolicyServer(local_policy, model_name="qwen3-local")
     server.start()            # binds 127.0.0.1 on a free port unless `port` is given
@@ -17,6 +19,7 @@ model as judge, coder, teacher or policy.
 import dataclasses
 import http.server
 import json
+import math
 import queue
 import threading
 import time
@@ -103,13 +106,19 @@ class PolicyServer:
                     batch.append(self._queue.get(timeout=remaining))
                 except queue.Empty:
                     break
+            # The sampler takes one repetition penalty per row, so it does not split batches.
             groups: dict = {}
             for item in batch:
-                groups.setdefault(item.sampling, []).append(item)
+                key = dataclasses.replace(item.sampling, repetition_penalty=1.0)
+                groups.setdefault(key, []).append(item)
             for sampling, items in groups.items():
                 self.batch_sizes.append(len(items))
                 try:
-                    results = self.policy.complete([i.messages for i in items], sampling)
+                    results = self.policy.complete(
+                        [i.messages for i in items],
+                        sampling,
+                        repetition_penalties=[i.sampling.repetition_penalty for i in items],
+                    )
                 except Exception as e:  # noqa: BLE001 - reported to each waiting client as a 500.
                     for item in items:
                         item.error = f"{type(e).__name__}: {e}"
@@ -132,6 +141,15 @@ class PolicyServer:
             raise ValueError("temperature must be a number >= 0")
         if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
             raise ValueError("top_p must be a number in (0, 1]")
+        penalty = body.get("repetition_penalty")
+        if penalty is None:  # absent or null (as vLLM): the policy's own
+            penalty = base.repetition_penalty
+        if (
+            isinstance(penalty, bool)
+            or not isinstance(penalty, (int, float))
+            or not (math.isfinite(penalty) and penalty > 0)
+        ):
+            raise ValueError("repetition_penalty must be a finite number > 0 (1 for none)")
         if body.get("n", 1) != 1:
             raise ValueError("only n = 1 is supported")
         if body.get("stream"):
@@ -141,6 +159,7 @@ class PolicyServer:
             max_new_tokens=max_tokens,
             temperature=float(temperature),
             top_p=float(top_p),
+            repetition_penalty=float(penalty),
             seed=int(body.get("seed", base.seed)),
         )
 

@@ -1,8 +1,9 @@
-"""Next-token selection from logits: temperature, top-k, top-p (nucleus) and their log-probs.
+"""Next-token selection from logits: repetition penalty, temperature, top-k, top-p, log-probs.
 
 All settings are per-row traced arrays, so a batch may mix greedy and sampled rows and
-changing them never recompiles. Order of the filters (as in Hugging Face `generate`):
-temperature, then top-k, then top-p on the top-k-renormalised distribution.
+changing them never recompiles. Order (as in Hugging Face `generate`): the repetition
+penalty (a logits processor, `repetition_penalty_logits`, applied by the caller), then the
+warpers: temperature, then top-k, then top-p on the top-k-renormalised distribution.
 
 Every filter becomes a per-row threshold, and every sampled row draws from the full
 vocabulary with the inverse CDF over blocks (two small cumulative sums), restricted to the
@@ -11,7 +12,9 @@ tokens at or above its thresholds. Cost per step over the vocabulary V: one `arg
 with the static cap `max_top_k` only when some row has top-k or top-p; a 32-pass threshold
 bisection only when a row's nucleus does not fit in the top `max_top_k` candidates. No
 step sorts the full vocabulary. Each optional part sits behind a `lax.cond` on whether any
-row needs it, so an all-greedy batch pays for none of it.
+row needs it, so an all-greedy batch pays for none of it. The repetition penalty costs one
+elementwise pass over [B, V] and, for the plain log-probs of the raw logits, one more
+`logsumexp`; the sampler adds it only to calls where some row uses it.
 
 Exactness: top-k keeps the tokens whose logit is at least the k-th largest (ties included,
 as Hugging Face's `TopKLogitsWarper`). The nucleus is the smallest set of most probable
@@ -141,6 +144,52 @@ def _filter_thresholds(probs, scaled, lse, top_k, top_p, filtered, max_top_k):
     return logit_threshold, jnp.where(outside, prob_threshold, 0.0)
 
 
+def seen_tokens(prompt_ids: jax.Array, prompt_mask: jax.Array, vocab_size: int) -> jax.Array:
+    """Which token ids occur in each row's prompt (padding excluded).
+
+    Args:
+      prompt_ids: [B, T] int32 token ids (any padding side).
+      prompt_mask: [B, T] nonzero on real tokens; ids at other positions are ignored.
+      vocab_size: V.
+
+    Returns:
+      [B, V] bool, True at every id that occurs at a real position of the row.
+    """
+    batch = prompt_ids.shape[0]
+    # Padding is sent to the out-of-range index V, which the scatter drops.
+    ids = jnp.where(prompt_mask != 0, prompt_ids, vocab_size)
+    seen = jnp.zeros((batch, vocab_size), bool)
+    return seen.at[jnp.arange(batch)[:, None], ids].set(True, mode="drop")
+
+
+def mark_seen(seen: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Adds one token per row to `seen` ([B, V] bool; `tokens` [B] int32)."""
+    return seen.at[jnp.arange(seen.shape[0]), tokens].set(True)
+
+
+def repetition_penalty_logits(logits: jax.Array, seen: jax.Array, penalty: jax.Array) -> jax.Array:
+    """The repetition penalty of Hugging Face's `RepetitionPenaltyLogitsProcessor`.
+
+    Each id in `seen` (for a decoder: the row's prompt and the tokens generated so far) has
+    its logit divided by the row's penalty if it is positive, multiplied by it otherwise,
+    so a penalty above 1 makes every seen token less likely, once however often it occurred.
+
+    Args:
+      logits: [B, V] next-token logits.
+      seen: [B, V] bool, the ids to penalise.
+      penalty: [B] float32 > 0; 1 leaves the row unchanged (bit for bit).
+
+    Returns:
+      [B, V] float32 penalised logits.
+    """
+    logits = logits.astype(jnp.float32)
+    # A [B, V] factor (1 where unseen; x / 1 and x * 1 are exact): XLA would rewrite a
+    # division by a broadcast penalty into a product with its reciprocal, one ulp off the
+    # true quotient that PyTorch computes.
+    factor = jnp.where(seen, penalty.astype(jnp.float32)[:, None], 1.0)
+    return jnp.where(logits < 0, logits * factor, logits / factor)
+
+
 def sample_tokens(
     logits: jax.Array,
     uniforms: jax.Array,
@@ -149,22 +198,26 @@ def sample_tokens(
     top_p: jax.Array,
     *,
     max_top_k: int = 64,
+    plain_logits: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Chooses one next token per row.
 
     Args:
-      logits: [B, V] next-token logits.
+      logits: [B, V] next-token logits, after any logits processor (repetition penalty).
       uniforms: [B, 2] independent uniforms in [0, 1) per row (the randomness of the draw).
       temperature: [B] float32; 0 (or below) means greedy (argmax).
       top_k: [B] int32; 0 means no top-k filter; must not exceed `max_top_k`.
       top_p: [B] float32 in (0, 1]; 1 means no nucleus filter.
       max_top_k: static size of the candidate set used for top-k and small nuclei.
+      plain_logits: [B, V] the model's raw logits, when `logits` were processed; the plain
+        log-probs are computed from them. Defaults to `logits`.
 
     Returns:
       tokens: [B] int32 chosen ids.
       logprobs: [B] log-probability of each token under the distribution it was drawn
-        from (after temperature, top-k and top-p); 0 for greedy rows.
-      plain_logprobs: [B] log_softmax(logits / T) at the token (T = 1 on greedy rows).
+        from (after the penalty, temperature, top-k and top-p); 0 for greedy rows.
+      plain_logprobs: [B] log_softmax(plain_logits / T) at the token (T = 1 on greedy
+        rows).
     """
     logits = logits.astype(jnp.float32)
     max_top_k = min(max_top_k, logits.shape[-1])
@@ -191,5 +244,8 @@ def sample_tokens(
     tokens, logprobs = lax.cond(jnp.all(greedy), lambda: (greedy_tokens, jnp.zeros_like(lse)), draw)
     tokens = jnp.where(greedy, greedy_tokens, tokens)
     logprobs = jnp.where(greedy, 0.0, logprobs)
+    if plain_logits is not None:
+        scaled = plain_logits.astype(jnp.float32) / jnp.where(greedy, 1.0, temperature)[:, None]
+        lse = jax.nn.logsumexp(scaled, axis=-1)
     plain_logprobs = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - lse
     return tokens, logprobs, plain_logprobs

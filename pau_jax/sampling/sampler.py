@@ -8,6 +8,12 @@ loop feeds one token per row per step (first the last prompt token), writes one 
 slot in place (the cache is donated; the model state is not, since the caller keeps the
 model) and stops when every row has hit a stop token or the token budget.
 
+A repetition penalty (Hugging Face's `repetition_penalty`) adds a [B, V] bool "seen" mask
+to the decode carry: built once from the prompts (padding excluded), marked with each new
+token, and applied to the logits before temperature/top-k/top-p. It exists only in a
+second compiled decode program, used when some row's penalty is not 1, so calls without
+a penalty do no extra work per step.
+
 A model placed on a mesh (``parallel.shard_model``, usually in the sampler layout) is
 sampled under that mesh: rows are split over the ``batch`` mesh axes and the cache over
 the key/value heads where the sizes divide (``sharding.constrain``); otherwise replicated.
@@ -101,6 +107,10 @@ def _decode(
     stop_ids,
     max_new_tokens,
     uniforms,
+    repetition_penalty=None,
+    prompt_ids=None,
+    prompt_mask=None,
+    row_source=None,
     *,
     buffer_len,
     max_top_k,
@@ -121,6 +131,12 @@ def _decode(
       stop_ids: [MAX_STOP_IDS] int32 stop ids, padded with -1.
       max_new_tokens: int32 scalar budget (<= N).
       uniforms: [B, N, 2] float32 uniforms in [0, 1), the randomness of each draw.
+      repetition_penalty: [B] float32 per-row penalty, or None for none (a separate
+        compiled program: without it the loop carries no seen-token mask).
+      prompt_ids: [U, W] the prefilled prompts (all but their last token), left-padded;
+        with a penalty only.
+      prompt_mask: [U, W] 1 on those tokens; with a penalty only.
+      row_source: [B] prompt index of every row; with a penalty only.
       buffer_len: N, static size of the output buffers.
       max_top_k: static candidate-set size.
 
@@ -132,6 +148,7 @@ def _decode(
     model = nnx.merge(graphdef, state)
     batch = last_prompt_tokens.shape[0]
     first_slot = cache.max_len - buffer_len
+    penalise = repetition_penalty is not None
 
     def step_once(carry):
         step = carry["step"]
@@ -141,19 +158,31 @@ def _decode(
             cache=carry["cache"],
             cache_index=first_slot + step,
         )
+        raw = step_logits[:, -1]
+        scores = raw
+        if penalise:
+            if raw.shape[-1] != carry["seen"].shape[-1]:
+                raise ValueError(
+                    f"the model gives {raw.shape[-1]} logits but config.vocab_size is "
+                    f"{carry['seen'].shape[-1]}; repetition_penalty needs them equal"
+                )
+            scores = logits.repetition_penalty_logits(raw, carry["seen"], repetition_penalty)
         tokens, logprobs, plain = logits.sample_tokens(
-            step_logits[:, -1],
+            scores,
             jax.lax.dynamic_index_in_dim(uniforms, step, axis=1, keepdims=False),
             temperature,
             top_k,
             top_p,
             max_top_k=max_top_k,
+            plain_logits=raw if penalise else None,
         )
         live = ~carry["done"]
         tokens = jnp.where(live, tokens, 0)
         hit_stop = live & jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
         lengths = carry["lengths"] + live
+        extra = dict(seen=logits.mark_seen(carry["seen"], tokens)) if penalise else {}
         return dict(
+            **extra,
             step=step + 1,
             last=tokens,
             tokens=carry["tokens"].at[:, step].set(tokens),
@@ -180,6 +209,16 @@ def _decode(
         done=~active,
         cache=cache,
     )
+    if penalise:
+        # Every id of the row's prompt, its last token included, padding excluded.
+        ids = jnp.concatenate(
+            [jnp.take(prompt_ids, row_source, axis=0), last_prompt_tokens[:, None]], 1
+        )
+        real = jnp.concatenate(
+            [jnp.take(prompt_mask, row_source, axis=0), jnp.ones((batch, 1), prompt_mask.dtype)], 1
+        )
+        seen = logits.seen_tokens(ids, real, model.config.vocab_size)
+        carry["seen"] = sharding.constrain(seen, ("batch", None))
     carry = jax.lax.while_loop(keep_going, step_once, carry)
     return (
         carry["tokens"],
@@ -230,6 +269,7 @@ def generate(
     temperature=0.0,
     top_k=0,
     top_p=1.0,
+    repetition_penalty=1.0,
     stop_token_ids: Sequence[int] = (),
     n_samples: int = 1,
     seed: int = 0,
@@ -250,6 +290,12 @@ def generate(
       top_k: 0 for no limit, else keep the k most probable tokens (k <= `max_top_k`);
         scalar, [P] or [P * G].
       top_p: nucleus mass in (0, 1]; 1 for no limit; scalar, [P] or [P * G].
+      repetition_penalty: > 0; 1 for none; scalar, [P] or [P * G]. As Hugging Face's
+        `repetition_penalty`: every id in the row's prompt (padding excluded) or among its
+        tokens so far has its logit divided by the penalty if positive, else multiplied,
+        before temperature, top-k and top-p; greedy rows take the argmax of the penalised
+        logits. With any row's penalty != 1, a second decode program runs that carries a
+        [B, V] seen-token mask; otherwise nothing changes.
       stop_token_ids: ids that end a row (kept as the row's last token).
       n_samples: G, samples per prompt; each distinct prompt is prefilled once.
       seed: seed of the draws; row r draws from numpy's default_rng((seed, r)), so its
@@ -261,7 +307,9 @@ def generate(
       cache_dtype: dtype of the KV cache; defaults to the model's parameter dtype.
 
     Returns:
-      A `SampleOutput` with P * G rows, prompt-major.
+      A `SampleOutput` with P * G rows, prompt-major. With a penalty, `logprobs` are those
+      of the penalised distribution the tokens were drawn from, while `plain_logprobs`
+      stay log_softmax(logits / T) of the model's raw logits (what a learner computes).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -286,6 +334,12 @@ def generate(
         raise ValueError(f"top_k must be in [0, max_top_k={max_top_k}]; raise max_top_k")
     if not ((top_p > 0) & (top_p <= 1)).all():
         raise ValueError("top_p must be in (0, 1]")
+    repetition_penalty = _per_row(
+        repetition_penalty, "repetition_penalty", num_prompts, n_samples, np.float32
+    )
+    if not (np.isfinite(repetition_penalty) & (repetition_penalty > 0)).all():
+        raise ValueError("repetition_penalty must be finite and > 0 (1.0 means no penalty)")
+    penalise = bool((repetition_penalty != 1.0).any())
 
     layout = batching.layout_batch(prompt_lists, n_samples)
     rows = len(layout.row_source)
@@ -301,12 +355,15 @@ def generate(
         start = time.perf_counter()
         _CALLS["prefill"] += 1
         _CALLS["prefill_rows"] += layout.input_ids.shape[0]
+        input_ids = jnp.asarray(layout.input_ids)
+        mask = jnp.asarray(layout.mask)
+        row_source = jnp.asarray(layout.row_source)
         cache = _prefill(
             graphdef,
             state,
-            jnp.asarray(layout.input_ids),
-            jnp.asarray(layout.mask),
-            jnp.asarray(layout.row_source),
+            input_ids,
+            mask,
+            row_source,
             cache_len=cache_len,
             cache_dtype=jnp.dtype(cache_dtype),
         )
@@ -314,6 +371,12 @@ def generate(
         prefilled = time.perf_counter()
         stop_ids = np.full(MAX_STOP_IDS, -1, np.int32)
         stop_ids[: len(stop_token_ids)] = stop_token_ids
+        # Without a penalty the decode program has no seen-token mask at all.
+        penalty_args = (
+            (jnp.asarray(_padded(repetition_penalty, rows, 1.0)), input_ids, mask, row_source)
+            if penalise
+            else ()
+        )
         _CALLS["decode"] += 1
         results = _decode(
             graphdef,
@@ -328,6 +391,7 @@ def generate(
             jnp.asarray(stop_ids),
             jnp.int32(max_new_tokens),
             jnp.asarray(_uniforms(seed, rows, buffer_len)),
+            *penalty_args,
             buffer_len=buffer_len,
             max_top_k=max_top_k,
         )

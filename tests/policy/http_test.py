@@ -1,5 +1,7 @@
 """The OpenAI-compatible client against the local server, and against injected faults."""
 
+import concurrent.futures
+import dataclasses
 import http.server
 import json
 import threading
@@ -54,24 +56,88 @@ def test_http_client_gives_the_local_policy_text(server, local_policy):
     assert max(server.batch_sizes) == 3
 
 
+def _post(server, body: bytes) -> tuple[int, str]:
+    """(status, error message or '') of one chat-completions request to the local server."""
+    request = urllib.request.Request(
+        server.base_url + "/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        urllib.request.urlopen(request, timeout=10)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())["error"]["message"]
+    return 200, ""
+
+
 def test_server_rejects_bad_requests(server):
     def post(body):
-        request = urllib.request.Request(
-            server.base_url + "/chat/completions",
-            data=body,
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            urllib.request.urlopen(request, timeout=10)
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())["error"]["message"]
-        return 200, ""
+        return _post(server, body)
 
     assert post(b"{not json") == (400, "request body is not valid JSON")
     code, message = post(json.dumps({"messages": "hi"}).encode())
     assert code == 400 and "messages" in message
     code, message = post(json.dumps({"messages": CONVERSATIONS[0], "max_tokens": 0}).encode())
     assert code == 400 and "max_tokens" in message
+    for penalty in (0, -1.5, "1.2", True, [1.2]):
+        body = {"messages": CONVERSATIONS[0], "repetition_penalty": penalty}
+        code, message = post(json.dumps(body).encode())
+        assert code == 400 and "repetition_penalty" in message, penalty
+
+
+# Penalty 2 changes the tiny model's greedy replies (checked below, so the tests can fail).
+PENALTY = 2.0
+
+
+def test_repetition_penalty_is_sent_and_applied_by_the_server(server, local_policy):
+    penalised = dataclasses.replace(local_policy.sampling, repetition_penalty=PENALTY)
+    direct = [c.text for c in local_policy.complete(CONVERSATIONS, penalised)]
+    assert direct != local_policy(CONVERSATIONS)
+    client = HTTPPolicy(
+        HTTPConfig(
+            base_url=server.base_url, model="tiny-qwen3", max_tokens=6, repetition_penalty=PENALTY
+        )
+    )
+    assert client(CONVERSATIONS) == direct and not client.failures
+
+
+def test_server_batches_requests_with_different_penalties_row_by_row(local_policy):
+    penalties = [None, PENALTY, PENALTY]  # null: the policy's own (1.0)
+    expected = [
+        local_policy.complete(
+            [c], dataclasses.replace(local_policy.sampling, repetition_penalty=p)
+        )[0].text
+        for c, p in zip(CONVERSATIONS, [1.0, PENALTY, PENALTY])
+    ]
+
+    def ask(args):
+        messages, penalty = args
+        payload = {"model": "tiny-qwen3", "messages": messages, "max_tokens": 6}
+        payload["repetition_penalty"] = penalty
+        request = urllib.request.Request(
+            server.base_url + "/chat/completions",
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return json.loads(r.read())["choices"][0]["message"]["content"]
+
+    # A batch closes as soon as it holds max_batch = 3 requests, so the long wait costs nothing.
+    with PolicyServer(
+        local_policy, model_name="tiny-qwen3", max_batch=3, batch_wait_s=10
+    ) as server:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            served = list(pool.map(ask, zip(CONVERSATIONS, penalties)))
+        # One sampler call for all three requests, despite their different penalties.
+        assert server.batch_sizes == [3]
+    assert served == expected
+    assert (
+        expected[0]
+        != local_policy.complete(
+            [CONVERSATIONS[0]],
+            dataclasses.replace(local_policy.sampling, repetition_penalty=PENALTY),
+        )[0].text
+    )
 
 
 class FaultyHandler(http.server.BaseHTTPRequestHandler):
@@ -79,12 +145,14 @@ class FaultyHandler(http.server.BaseHTTPRequestHandler):
 
     script: list = []
     seen = 0
+    bodies: list = []
 
     def log_message(self, *args):
         del args
 
     def do_POST(self):  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        FaultyHandler.bodies.append(json.loads(body))
         kind = FaultyHandler.script.pop(0) if FaultyHandler.script else "ok"
         FaultyHandler.seen += 1
         if kind == "sleep":
@@ -110,6 +178,7 @@ def faulty():
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     FaultyHandler.seen = 0
+    FaultyHandler.bodies = []
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
     httpd.shutdown()
     httpd.server_close()
@@ -117,6 +186,17 @@ def faulty():
 
 def _client(url, **kw):
     return HTTPPolicy(HTTPConfig(base_url=url, model="m", backoff_s=0.01, timeout_s=0.3, **kw))
+
+
+def test_request_body_carries_repetition_penalty_only_when_set(faulty):
+    assert _client(faulty, repetition_penalty=1.2)(CONVERSATIONS[:1]) == ["fine"]
+    assert _client(faulty)(CONVERSATIONS[:1]) == ["fine"]
+    with_penalty, without = FaultyHandler.bodies
+    assert with_penalty["repetition_penalty"] == 1.2
+    assert "repetition_penalty" not in without
+    assert with_penalty["messages"] == CONVERSATIONS[0]
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        HTTPConfig(repetition_penalty=0.0)
 
 
 def test_faults_are_retried(faulty):

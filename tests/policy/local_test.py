@@ -8,7 +8,7 @@ from flax import nnx
 
 from pau_jax.models import qwen3
 from pau_jax.policy.local import LocalPolicy, SamplingConfig
-from pau_jax.sampling import generate
+from pau_jax.sampling import generate, sampler
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What does test_func(3) return?"}],
@@ -90,3 +90,88 @@ def test_greedy_logprobs_are_plain_log_softmax(model_and_tokenizer):
         c.logprobs, [lp[n - 1 + i, t] for i, t in enumerate(c.token_ids)], atol=2e-4
     )
     assert all(x < 0 for x in c.logprobs)
+
+
+LONG = [{"role": "user", "content": "Describe test_func. " * 20}]
+
+
+def test_too_long_prompts_are_not_sampled_and_the_rest_are_unaffected(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    conversations = [CONVERSATIONS[0], LONG, CONVERSATIONS[1]]
+    limit = 30
+    policy = LocalPolicy(
+        model, tokenizer, SamplingConfig(max_new_tokens=4, max_prompt_tokens=limit)
+    )
+    long_prompt = policy.encode(LONG)
+    assert len(long_prompt) > limit >= max(len(policy.encode(c)) for c in CONVERSATIONS)
+    completions = policy.complete(conversations)
+    skipped = completions[1]
+    assert skipped.finish_reason == "prompt_length" and skipped.text == ""
+    assert skipped.prompt_tokens == len(long_prompt) and skipped.completion_tokens == 0
+    assert skipped.token_ids == () and skipped.logprobs == ()
+    assert policy.last_stats["prompts_too_long"] == 1
+    unlimited = LocalPolicy(model, tokenizer, SamplingConfig(max_new_tokens=4))
+    expected = unlimited.complete(CONVERSATIONS)
+    for got, want in zip([completions[0], completions[2]], expected):
+        assert got.finish_reason == want.finish_reason != "prompt_length"
+        assert got.token_ids == want.token_ids and got.text == want.text
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-6)
+    # A prompt of exactly the limit is sampled.
+    exact = LocalPolicy(
+        model,
+        tokenizer,
+        SamplingConfig(max_new_tokens=4, max_prompt_tokens=len(policy.encode(CONVERSATIONS[0]))),
+    )
+    assert exact.complete(CONVERSATIONS[:1])[0].finish_reason != "prompt_length"
+
+
+def test_all_prompts_too_long_make_no_sampler_call(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    policy = LocalPolicy(model, tokenizer, SamplingConfig(max_new_tokens=4, max_prompt_tokens=5))
+    before = sampler.call_counts().get("decode", 0)
+    completions = policy.complete(CONVERSATIONS)
+    assert sampler.call_counts().get("decode", 0) == before
+    assert [c.finish_reason for c in completions] == ["prompt_length"] * 2
+    assert policy(CONVERSATIONS) == ["", ""]
+
+
+def test_repetition_penalty_reaches_the_sampler(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    penalty = 2.0
+    plain = LocalPolicy(model, tokenizer, SamplingConfig(max_new_tokens=6)).complete(CONVERSATIONS)
+    policy = LocalPolicy(
+        model, tokenizer, SamplingConfig(max_new_tokens=6, repetition_penalty=penalty)
+    )
+    penalised = policy.complete(CONVERSATIONS)
+    out = generate(
+        model,
+        [policy.encode(c) for c in CONVERSATIONS],
+        max_new_tokens=6,
+        repetition_penalty=penalty,
+        stop_token_ids=policy.stop_token_ids,
+    )
+    assert [list(c.token_ids) for c in penalised] == out.tokens
+    assert [c.token_ids for c in penalised] != [c.token_ids for c in plain]
+    # Per-conversation penalties override the config's, row by row, in one batch.
+    mixed = policy.complete(CONVERSATIONS, repetition_penalties=[1.0, penalty])
+    assert mixed[0].token_ids == plain[0].token_ids
+    assert mixed[1].token_ids == penalised[1].token_ids
+    # The recorded log-probs stay those of the raw logits (the learner's view).
+    c = penalised[0]
+    ids = np.asarray([list(c.prompt_ids) + list(c.token_ids)], np.int32)
+    lp = _log_softmax(np.asarray(_logits(model, ids))[0])
+    n = len(c.prompt_ids)
+    np.testing.assert_allclose(
+        c.logprobs, [lp[n - 1 + i, t] for i, t in enumerate(c.token_ids)], atol=2e-4
+    )
+
+
+def test_bad_sampling_settings_fail_with_a_clear_message(model_and_tokenizer):
+    for value in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="repetition_penalty must be finite and > 0"):
+            SamplingConfig(repetition_penalty=value)
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        SamplingConfig(max_prompt_tokens=0)
+    model, tokenizer = model_and_tokenizer
+    with pytest.raises(ValueError, match="one per conversation"):
+        LocalPolicy(model, tokenizer).complete(CONVERSATIONS, repetition_penalties=[1.2])
