@@ -1,1 +1,1 @@
-"""Command-line tools that inspect a configuration without running it (``python -m pau_jax.tools.X``)."""
+"""Command-line tools (``python -m pau_jax.tools.X``): memory estimates of a configuration, and fetching a real checkpoint."""
