@@ -147,7 +147,7 @@ def quickstart(
     2. writes a random Qwen3 (`model_config`) with the real offline Qwen3 tokenizer
        as a Hugging Face checkpoint directory `run_dir/checkpoint`;
     3. evaluates it on the eval split (`run_dir/eval_before`), judge and coder being
-       the same base checkpoint;
+       the same base checkpoint (self-graded, and labelled so in every report);
     4. trains its LoRA adapters with AAC on the train split (`run_dir/train`: the
        frozen base is the critic; checkpoints, metrics, PEFT adapter);
     5. evaluates the base plus the exported adapter the same way (`run_dir/eval_after`);
@@ -292,6 +292,7 @@ def quickstart(
         intervals=intervals,
         comparisons=comparisons,
         training=history,
+        banner=pipeline.SELF_GRADED_BANNER,
     )
     seconds["report"] = time.perf_counter() - t
 
@@ -308,6 +309,7 @@ def quickstart(
         return out_
 
     summary = {
+        "self_graded": bool(before["grading"]["self_graded"]),
         "tasks": before["tasks"],
         "before": headline(before),
         "after": headline(after),

@@ -134,7 +134,18 @@ def test_quickstart_reduced_writes_every_artefact(tmp_path):
     assert "## Training" in report
     for image in images:
         assert (run_dir / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
+    # Judge and coder are the base checkpoint: self-graded, and every report says so at the top.
+    assert report.splitlines()[2].startswith("**Self-graded**")
+    for stage in ("eval_before", "eval_after"):
+        assert (
+            (run_dir / stage / "report.md")
+            .read_text()
+            .splitlines()[2]
+            .startswith("**Self-graded**")
+        )
+        assert json.loads((run_dir / stage / "metrics.json").read_text())["grading"]["self_graded"]
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["self_graded"] is True
     assert summary["tasks"] == 3 and summary["train"]["steps"] == 1
     assert isinstance(summary["train"]["loss"], float)
     assert set(summary["before"]) == set(summary["after"]) == {"interactive", "in_context"}

@@ -150,9 +150,22 @@ def test_build_dataset(tmp_path):
 def test_evaluate_a_checkpoint_directory(tmp_path, data_dir, checkpoint):
     commands = readme_commands("Evaluate a Qwen3 checkpoint directory")
     assert len(commands) == 3
-    tiny = [f"--gin.CHECKPOINT='{checkpoint}'", *_eval_overlay(data_dir, tmp_path / "run")]
+    # The tiny checkpoint in every seat (agent, judge, coder), float32 on the CPU.
+    tiny = [
+        f"--gin.CHECKPOINT='{checkpoint}'",
+        f"--gin.JUDGE_CHECKPOINT='{checkpoint}'",
+        f"--gin.CODER_CHECKPOINT='{checkpoint}'",
+        *(f"--gin.{seat}/pau_jax.evaluation.pipeline.LocalBackendConfig.dtype='float32'"
+          for seat in ("judge", "coder")),
+        *(f"--gin.{seat}/pau_jax.policy.local.SamplingConfig.max_new_tokens=8"
+          for seat in ("judge", "coder")),
+        *_eval_overlay(data_dir, tmp_path / "run"),
+    ]  # fmt: skip
     for command in commands[:2]:
-        assert "LocalBackendConfig.checkpoint_dir = %CHECKPOINT" in _parse(_argv(command) + tiny)
+        config = _parse(_argv(command) + tiny)
+        assert "LocalBackendConfig.checkpoint_dir = %CHECKPOINT" in config
+        assert "evaluate.judge = %JUDGE" in config and "evaluate.coder = %CODER" in config
+        assert "JUDGE = @judge/pau_jax.evaluation.pipeline.LocalBackendConfig()" in config
     # Both modes for real on the tiny checkpoint, with a LoRA adapter on the agent.
     from pau_jax.models import lora, qwen3
 
@@ -172,6 +185,8 @@ def test_evaluate_a_checkpoint_directory(tmp_path, data_dir, checkpoint):
     assert f"LoRA adapter on {n} modules" in proc.stdout
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert set(metrics["runs"]) == {"interactive", "in_context"} and metrics["tasks"] == 2
+    # The same tiny checkpoint judged and coded: recognised as self-graded.
+    assert metrics["grading"]["self_graded"] is True
     assert "interactive vs in_context" in metrics["comparisons"]
     assert (tmp_path / "run" / "interactive_vs_in_context.png").exists()
 
@@ -191,10 +206,12 @@ def test_evaluate_a_served_model(tmp_path, data_dir, checkpoint):
     policy = LocalPolicy(model, load_tokenizer(checkpoint), SamplingConfig(max_new_tokens=8))
     with PolicyServer(policy, model_name=name) as server:
         tiny = [
-            f"--gin.policy/pau_jax.policy.http.HTTPConfig.base_url='{server.base_url}'",
-            "--gin.policy/pau_jax.policy.http.HTTPConfig.max_tokens=8",
+            *(f"--gin.{seat}/pau_jax.policy.http.HTTPConfig.base_url='{server.base_url}'"
+              for seat in ("policy", "judge", "coder")),
+            *(f"--gin.{seat}/pau_jax.policy.http.HTTPConfig.max_tokens=8"
+              for seat in ("policy", "judge", "coder")),
             *_eval_overlay(data_dir, tmp_path / "run"),
-        ]
+        ]  # fmt: skip
         assert url.startswith("http://127.0.0.1:") and url != server.base_url
         _launch(args + tiny, cwd=tmp_path)
         assert server.batch_sizes  # The agent, judge and coder all asked the server.
@@ -298,5 +315,7 @@ def test_reproducing_commands_parse(tmp_path):
         assert "CHECKPOINT = '/ckpt/Qwen3-1.7B'" in config or "HTTPBackendConfig()" in config
         assert "DATA_DIR = '/data/tfds'" in config
         if "--gin_file=eval/interactive.gin" in args:  # The paper's judge and coder seats.
-            assert "coder = @coder/pau_jax.evaluation.pipeline.HTTPBackendConfig()" in config
-            assert "judge = @judge/pau_jax.evaluation.pipeline.HTTPBackendConfig()" in config
+            assert "CODER = @coder/pau_jax.evaluation.pipeline.HTTPBackendConfig()" in config
+            assert "JUDGE = @judge/pau_jax.evaluation.pipeline.HTTPBackendConfig()" in config
+        if "--gin_file=ablations/distill.gin" in args or "ablations/codearc_sft.gin" in str(args):
+            assert "TEACHER = @teacher/pau_jax.evaluation.pipeline.HTTPBackendConfig()" in config

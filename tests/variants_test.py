@@ -53,13 +53,40 @@ def test_as_released_on_training(parse):
     assert reference.scoped_selector == "rl/pau_jax.env.episode.EpisodeConfig"
     rl = _make("pau_jax.env.episode.EpisodeConfig", scope="rl")
     assert rl.history_window == 5 and rl.reflection_sees_newest and rl.display_mode == "str"
-    assert rl.max_steps == 40
+    assert rl.window_includes_examples and rl.max_steps == 40
     assert gin.query_parameter("pau_jax.experiment.train.advantage_fn").selector.endswith(
         "last_step_broadcast"
     )
     critic = _make("pau_jax.rl.critic.CriticConfig")
     assert not critic.clamp and critic.temperature == 1.0
-    assert _make("pau_jax.rl.rewards.RewardConfig").length_penalty == "released"
+    assert critic.privileged == "description" and critic.show_source
+    assert critic.max_new_tokens == 300
+    rewards = _make("pau_jax.rl.rewards.RewardConfig")
+    assert rewards.length_penalty == "released" and rewards.timeout_rule == "replace"
+    rollout = _make("pau_jax.rl.rollout.RolloutConfig")
+    assert rollout.max_new_tokens == 1024 and rollout.enable_thinking
+    assert rollout.call_timeout_s == 10.0 and rollout.max_prompt_tokens == 512
+    sampling = rollout.sampling(seed=0)
+    assert sampling.max_prompt_tokens == 512 and sampling.enable_thinking
+
+
+def test_as_released_keeps_sym_info_symmetric(parse):
+    parse("aac.gin", "ablations/sym_info.gin", "variants/as_released.gin")
+    critic = _make("pau_jax.rl.critic.CriticConfig")
+    assert critic.privileged == "none" and critic.show_source  # source is ignored with 'none'
+
+
+def test_paper_timeouts_and_credit(parse):
+    parse("aac.gin")
+    assert _make("pau_jax.rl.rewards.RewardConfig").timeout_rule == "add"
+    assert gin.query_parameter("GAMMA/macro.value") == 0.0
+    assert (
+        gin.query_parameter("pau_jax.rl.credit.return_to_go.gamma").scoped_selector
+        == "GAMMA/gin.macro"
+    )
+    assert gin.query_parameter("pau_jax.rl.credit.return_to_go.normalize") == "position"
+    rollout = _make("pau_jax.rl.rollout.RolloutConfig")
+    assert rollout.max_prompt_tokens is None
 
 
 def test_as_released_on_evaluation(parse):
@@ -67,3 +94,27 @@ def test_as_released_on_evaluation(parse):
     episode = _make("pau_jax.env.episode.EpisodeConfig")
     assert episode.call_budget == 20 and episode.history_window == 10
     assert not episode.reflection_sees_newest and episode.display_mode == "str"
+    assert episode.window_includes_examples
+    for seat, tokens in (("policy", 300), ("judge", 300), ("coder", 600)):
+        sampling = _make("pau_jax.policy.local.SamplingConfig", scope=seat)
+        assert sampling.temperature == 0.0 and sampling.repetition_penalty == 1.2, seat
+        assert sampling.max_new_tokens == tokens and sampling.enable_thinking, seat
+        assert _make("pau_jax.policy.http.HTTPConfig", scope=seat).max_tokens == tokens
+    assert gin.query_parameter("pau_jax.experiment.evaluate.coder_observations") == (True,)
+    assert gin.query_parameter("pau_jax.experiment.evaluate.call_timeout_s") == 30.0
+    assert gin.query_parameter("pau_jax.experiment.evaluate.score_timeout_s") == 0.5
+
+
+def test_paper_evaluation_defaults(parse):
+    parse("eval/interactive.gin")
+    episode = _make("pau_jax.env.episode.EpisodeConfig")
+    assert episode.call_budget == 25 and not episode.window_includes_examples
+    sampling = _make("pau_jax.policy.local.SamplingConfig", scope="policy")
+    assert sampling.repetition_penalty == 1.0 and not sampling.enable_thinking
+    # The judge and the coder are required seats (None until set) in the paper's protocol.
+    assert gin.query_parameter("JUDGE/macro.value") is None
+    assert gin.query_parameter("CODER/macro.value") is None
+    assert (
+        gin.query_parameter("pau_jax.experiment.evaluate.judge").scoped_selector
+        == "JUDGE/gin.macro"
+    )

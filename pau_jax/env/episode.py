@@ -3,7 +3,9 @@
 One query of the three-phase loop is: CONCEPTUALIZE (reason about the next
 input) -> GENERATE (write the argument tuple; it is parsed and executed) ->
 REVISE (new hypothesis + CONTINUE/STOP). The episode ends on STOP, when the
-call budget is spent, or when the step limit (one step = one phase) is hit.
+call budget is spent, when the step limit (one step = one phase) is hit, or
+when the policy could not be given the prompt because it is too long
+(``on_prompt_too_long``).
 
 The runner drives it:
 
@@ -49,14 +51,23 @@ class EpisodeConfig:
       call_budget: calls allowed per episode (paper 25).
       max_steps: limit on phases per episode (RL T_max = 40); None = no limit.
       history_window: show only the last N observations; None = all.
-      reflection_sees_newest: whether the revision prompt shows the newest result.
-      display_mode: 'repr' (typed, `'5'` differs from `5`; errors `Type: msg`) or
-        'str' (the released code's `str` display; errors as the message only).
+      window_includes_examples: the window runs over the two shown examples
+        followed by the agent's calls, so the examples scroll out once more than
+        N - 2 calls were made (the released code); False keeps the examples
+        always in view and windows the calls alone.
+      reflection_sees_newest: whether the revision prompt shows the newest result;
+        False (the released evaluation harness) shows the newest call without its
+        result (a parse failure with its error), after the older observations.
+      display_mode: 'repr' (typed, `'5'` differs from `5`; errors `Type: msg`;
+        arguments rendered from the parsed values) or 'str' (the released code:
+        results with `str`, errors as the message only, and each call as the
+        agent's own argument text, examples as Python literals).
     """
 
     call_budget: int = 25
     max_steps: int | None = None
     history_window: int | None = None
+    window_includes_examples: bool = False
     reflection_sees_newest: bool = True
     display_mode: str = "repr"
 
@@ -92,6 +103,7 @@ class Step:
     output: str
     parse_ok: bool
     parse_error: str = ""
+    input_text: str = ""
     call: str = ""
     result: str = ""
     call_ok: bool | None = None
@@ -106,7 +118,7 @@ class EpisodeState:
     observations: tuple[prompts.Observation, ...] = ()
     steps: tuple[Step, ...] = ()
     n_calls: int = 0
-    finish_reason: str | None = None  # 'stop' | 'budget' | 'max_steps'
+    finish_reason: str | None = None  # 'stop' | 'budget' | 'max_steps' | 'prompt_length'
     pending_call: str = ""
 
     @property
@@ -128,8 +140,25 @@ def display_error(error_type: str, message: str, mode: str) -> str:
 
 
 def render_call(args: Sequence[Any], mode: str = "repr") -> str:
-    """`test_func(<arg>, <arg>)` with each argument displayed as the agent sees values."""
-    return "test_func(" + ", ".join(display_value(a, mode) for a in args) + ")"
+    """`test_func(<arg>, <arg>)`: typed displays in 'repr' mode, Python literals in 'str' mode.
+
+    In 'str' mode a call is shown as literal text, as the released code shows the
+    inputs it was given (`('5', 5)` stays `test_func('5', 5)`, never `test_func(5, 5)`).
+    """
+    shown = (values.display(a) for a in args) if mode == "repr" else (repr(a) for a in args)
+    return "test_func(" + ", ".join(shown) + ")"
+
+
+def literal_call(args_text: str) -> str:
+    """`test_func` applied to the agent's own argument text, as written (the 'str' display).
+
+    A parenthesised tuple keeps its parentheses as the call's (`(1, 'a')` ->
+    `test_func(1, 'a')`); any other text is wrapped (`[1, 2]` -> `test_func([1, 2])`).
+    """
+    text = args_text.strip()
+    if text.startswith("(") and text.endswith(")"):
+        return "test_func" + text
+    return f"test_func({text})"
 
 
 def start(task: Task, config: EpisodeConfig) -> EpisodeState:
@@ -137,20 +166,54 @@ def start(task: Task, config: EpisodeConfig) -> EpisodeState:
     return EpisodeState(task=task)
 
 
+# Offset of the first GENERATE phase from each phase of the CONCEPTUALIZE -> GENERATE -> REVISE cycle.
+_TO_GENERATE = {Phase.CONCEPTUALIZE: 1, Phase.GENERATE: 0, Phase.REVISE: 2}
+
+
+def calls_left(state: EpisodeState, config: EpisodeConfig) -> int:
+    """Calls the agent can still make: min(budget left, calls the step limit still reaches).
+
+    A call is made in a GENERATE step (the current one counts while in that
+    phase); with ``max_steps`` set, only the GENERATE steps among the steps
+    still allowed can happen: from phase P with r steps left, the GENERATE
+    phases at offsets o, o + 3, ... below r (o = 1, 0, 2 for CONCEPTUALIZE,
+    GENERATE, REVISE). With T_max = 40 an episode reaches 13 calls, not 25.
+    """
+    budget = config.call_budget - state.n_calls
+    if state.phase is Phase.DONE:
+        return 0
+    if config.max_steps is None:
+        return max(budget, 0)
+    steps_left = config.max_steps - len(state.steps)
+    offset = _TO_GENERATE[state.phase]
+    reachable = 0 if steps_left <= offset else (steps_left - offset + 2) // 3
+    return max(min(budget, reachable), 0)
+
+
 def view(state: EpisodeState, config: EpisodeConfig) -> prompts.EpisodeView:
     """What the prompt of the current phase may show."""
-    observations = state.observations
-    if state.phase is Phase.REVISE and not config.reflection_sees_newest:
+    examples, observations = state.task.examples, state.observations
+    newest = ""
+    if state.phase is Phase.REVISE and not config.reflection_sees_newest and observations:
+        last = observations[-1]
+        failed = state.steps and not state.steps[-1].parse_ok
+        newest = f"{last.call} -> {last.result}" if failed else last.call
         observations = observations[:-1]
-    if config.history_window is not None:
-        observations = observations[-config.history_window :]
+    window = config.history_window
+    if window is not None and config.window_includes_examples:
+        shown = (examples + observations)[-window:]
+        kept = max(len(shown) - len(observations), 0)
+        examples, observations = examples[len(examples) - kept :], shown[kept:]
+    elif window is not None:
+        observations = observations[-window:]
     return prompts.EpisodeView(
         header=state.task.header,
-        examples=state.task.examples,
+        examples=examples,
         observations=observations,
         hypothesis=state.hypothesis,
         reasoning=state.reasoning if state.phase is Phase.GENERATE else "",
-        calls_left=config.call_budget - state.n_calls,
+        calls_left=calls_left(state, config),
+        newest_call=newest,
     )
 
 
@@ -221,13 +284,14 @@ def on_generate(
             error = str(e)
     if args is None:
         result = display_error("InputParseError", error, config.display_mode)
-        call = f"test_func({extracted.args_text})" if extracted.args_text else "test_func(?)"
+        call = literal_call(extracted.args_text) if extracted.args_text else "test_func(?)"
         step = Step(
             phase=Phase.GENERATE,
             messages=msgs,
             output=text,
             parse_ok=False,
             parse_error=error,
+            input_text=extracted.args_text,
             call=call,
             result=result,
             call_ok=False,
@@ -240,8 +304,18 @@ def on_generate(
             steps=state.steps + (step,),
         )
         return _limit_steps(new, config), None
-    call = render_call(args, config.display_mode)
-    step = Step(phase=Phase.GENERATE, messages=msgs, output=text, parse_ok=True, call=call)
+    if config.display_mode == "str":
+        call = literal_call(extracted.args_text)
+    else:
+        call = render_call(args, config.display_mode)
+    step = Step(
+        phase=Phase.GENERATE,
+        messages=msgs,
+        output=text,
+        parse_ok=True,
+        input_text=extracted.args_text,
+        call=call,
+    )
     new = dataclasses.replace(state, steps=state.steps + (step,), pending_call=call)
     return new, args
 
@@ -266,6 +340,19 @@ def on_result(state: EpisodeState, result: Any, config: EpisodeConfig) -> Episod
         pending_call="",
     )
     return _limit_steps(new, config)
+
+
+def on_prompt_too_long(state: EpisodeState, config: EpisodeConfig) -> EpisodeState:
+    """Ends the episode because the current phase's prompt was too long for the policy.
+
+    No step is recorded (nothing was generated); ``finish_reason`` is 'prompt_length'.
+    """
+    del config  # The ending does not depend on the protocol constants.
+    if state.phase is Phase.DONE:
+        raise ValueError(f"episode {state.task.task_id} is already finished")
+    return dataclasses.replace(
+        state, phase=Phase.DONE, finish_reason="prompt_length", pending_call=""
+    )
 
 
 def on_revise(state: EpisodeState, text: str, config: EpisodeConfig) -> EpisodeState:

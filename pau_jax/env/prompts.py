@@ -36,7 +36,9 @@ class EpisodeView:
       observations: the agent's own calls so far (already windowed).
       hypothesis: the current hypothesis ('' before the first revision).
       reasoning: the conceptualisation text of the current step ('' if none).
-      calls_left: calls remaining in the budget.
+      calls_left: calls the agent can still make.
+      newest_call: the newest call shown without its result ('' when the newest
+        result is shown with the other observations).
     """
 
     header: str
@@ -45,17 +47,22 @@ class EpisodeView:
     hypothesis: str = ""
     reasoning: str = ""
     calls_left: int = 0
+    newest_call: str = ""
 
 
-def _format_observations(items: tuple[Observation, ...]) -> str:
-    return "\n".join(f"{o.call} -> {o.result}" for o in items) or "(none yet)"
+def _format_observations(items: tuple[Observation, ...], empty: str = "(none yet)") -> str:
+    return "\n".join(f"{o.call} -> {o.result}" for o in items) or empty
 
 
 def _context(view: EpisodeView) -> str:
     parts = [
         f"Function header:\n{view.header}",
-        f"Examples given to you:\n{_format_observations(view.examples)}",
+        f"Examples given to you:\n{_format_observations(view.examples, '(no longer shown)')}",
         f"Your calls so far:\n{_format_observations(view.observations)}",
+    ]
+    if view.newest_call:
+        parts.append(f"You just called:\n{view.newest_call}")
+    parts += [
         f"Current hypothesis:\n{view.hypothesis or '(none yet)'}",
         f"Calls left: {view.calls_left}",
     ]

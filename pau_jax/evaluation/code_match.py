@@ -2,8 +2,13 @@
 
 Score = fraction of held-out inputs on which the written function gives the same
 result as the true one, compared with `values.typed_equal` (a tuple never equals
-a list; `'5'` never equals `5`). When the true function raises on an input, a
-match needs the same exception type. Code that does not parse or define the
+a list; `'5'` never equals `5`). The true results are the dataset's stored
+held-out outputs when given (`expected_outputs`, the benchmark's answer key);
+otherwise the true function is run on the inputs. When the true function raises
+on an input, a match needs the same exception type. A true result that could
+not be obtained (the reference call timed out, ran out of memory, crashed its
+worker or returned a result too large to send) is not compared: it leaves the
+score and is counted in `incomparable`. Code that does not parse or define the
 entry function scores 0 on every input and is flagged.
 """
 
@@ -19,14 +24,27 @@ CODER_PROMPT_VERSION = "coder-v1"
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.I)
 
 
+# Outcomes of a reference call that say nothing about the function's behaviour on the input.
+REFERENCE_FAILURES = frozenset({"TimeoutError", "MemoryError", "WorkerCrashed", "ResultTooLarge"})
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CodeMatch:
-    """The score of one predicted function on E_test."""
+    """The score of one predicted function on E_test.
 
-    score: float
+    Attributes:
+      score: matches / compared inputs; None when no input could be compared.
+      code: the predicted source.
+      runnable: False when every call failed with a syntax or name error.
+      matches: per input, whether it matched (False for an incomparable input).
+      incomparable: inputs whose true result could not be obtained (not in the score).
+    """
+
+    score: float | None
     code: str
     runnable: bool
     matches: tuple[bool, ...]
+    incomparable: int = 0
 
 
 def coder_messages(header: str, description: str, examples: Sequence[str] = ()) -> list[dict]:
@@ -56,6 +74,20 @@ def _same(expected, got) -> bool:
     return (not got.ok) and expected.error_type == got.error_type and not got.timed_out
 
 
+def _comparable(expected) -> bool:
+    return expected.ok or not (expected.timed_out or expected.error_type in REFERENCE_FAILURES)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+    """A stored held-out output as a reference result (always a return value)."""
+
+    value: object
+    ok: bool = True
+    timed_out: bool = False
+    error_type: str | None = None
+
+
 def score_code(
     executor,
     true_code: str,
@@ -64,24 +96,41 @@ def score_code(
     *,
     timeout_s: float = 2.0,
     expected=None,
+    expected_outputs: Sequence | None = None,
 ) -> CodeMatch:
-    """Runs both functions on `inputs` in the sandbox and compares the results.
+    """Runs the predicted function on `inputs` in the sandbox and compares it with the true results.
 
     Args:
       executor: a `pau_jax.sandbox.Executor`.
       true_code, predicted_code: sources defining `test_func`.
       inputs: argument tuples (E_test).
+      timeout_s: wall-clock limit of each call.
       expected: the true function's `CallResult`s on `inputs`, if already known.
+      expected_outputs: the stored true return values on `inputs` (the dataset's
+        held-out outputs); when given, the true function is not run.
     """
     if not inputs:
         raise ValueError("score_code needs at least one held-out input")
-    if expected is None:
+    if expected_outputs is not None:
+        if len(expected_outputs) != len(inputs):
+            raise ValueError(
+                f"{len(expected_outputs)} stored outputs for {len(inputs)} held-out inputs; "
+                "pass one output per input"
+            )
+        expected = [_Stored(value) for value in expected_outputs]
+    elif expected is None:
         expected = executor.call_many(true_code, list(inputs), timeout_s=timeout_s)
     got = executor.call_many(predicted_code, list(inputs), timeout_s=timeout_s)
     runnable = not all(
         (not g.ok) and g.error_type in ("SyntaxError", "NameError", "IndentationError") for g in got
     )
-    matches = tuple(_same(e, g) for e, g in zip(expected, got, strict=True))
+    comparable = [_comparable(e) for e in expected]
+    matches = tuple(c and _same(e, g) for c, e, g in zip(comparable, expected, got, strict=True))
+    compared = sum(comparable)
     return CodeMatch(
-        score=sum(matches) / len(matches), code=predicted_code, runnable=runnable, matches=matches
+        score=sum(matches) / compared if compared else None,
+        code=predicted_code,
+        runnable=runnable,
+        matches=matches,
+        incomparable=len(inputs) - compared,
     )

@@ -7,8 +7,11 @@ fields of `failure_modes.attribute`. `stopped_by_agent` is None in in-context
 records (no stop decision) and such records are left out of the stop rate.
 Unparsed judge scores are counted and reported, never replaced by a value;
 records with `judge_skipped` (no gold description) are left out of the judge metrics.
+Records with `steps` (phase, parse_ok) add the parse-failure rate of each phase, and every
+block counts the records' finish reasons.
 """
 
+import collections
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,7 +41,8 @@ def code_match_summary(matches: Sequence[float | None]) -> dict:
     """Mean, share fully matched, share >= 0.5, share zero, and a histogram in 20% bins.
 
     Bins are [0, 0.2), [0.2, 0.4), [0.4, 0.6), [0.6, 0.8), [0.8, 1.0]; missing
-    values (no code produced) are counted as `missing`.
+    values (no held-out input could be compared with the true function) are
+    counted as `missing`.
     """
     values = np.array([m for m in matches if m is not None], dtype=np.float64)
     out = _mean_std(values)
@@ -52,6 +56,18 @@ def code_match_summary(matches: Sequence[float | None]) -> dict:
     else:
         out.update(frac_full=None, frac_ge_half=None, frac_zero=None, bins=[0] * 5)
     return out
+
+
+def parse_failure_rates(records: Sequence[dict]) -> dict[str, float]:
+    """Per phase of the recorded steps, the share whose output the environment could not parse."""
+    counts: dict[str, list[int]] = {}
+    for r in records:
+        for step in r.get("steps", ()):
+            if "phase" in step and "parse_ok" in step:
+                seen = counts.setdefault(step["phase"], [0, 0])
+                seen[0] += not step["parse_ok"]
+                seen[1] += 1
+    return {phase: failed / total for phase, (failed, total) in sorted(counts.items())}
 
 
 def summarize(records: Sequence[dict]) -> dict:
@@ -75,6 +91,16 @@ def summarize(records: Sequence[dict]) -> dict:
                 [r.get("code_match") for r in rs if "code_match" in r]
             ),
         }
+        # Items with held-out inputs whose true result could not be obtained (not compared).
+        out["code_match"]["incomparable_items"] = sum(
+            1 for r in rs if r.get("code_match_incomparable")
+        )
+        phases = parse_failure_rates(rs)
+        if phases:
+            out["parse_failure_rate"] = phases
+        out["finish_reasons"] = dict(
+            sorted(collections.Counter(r.get("finish_reason") or "none" for r in rs).items())
+        )
         if any("failure_by" in r for r in rs):
             out["failure_modes"] = failure_modes.failure_summary(rs)
         return out

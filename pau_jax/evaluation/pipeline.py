@@ -8,6 +8,12 @@ judge, coder) are small frozen configs chosen by gin reference:
     pau_jax.experiment.evaluate.policy = @policy/pau_jax.evaluation.pipeline.HTTPBackendConfig()
     pau_jax.experiment.evaluate.judge = @judge/pau_jax.evaluation.pipeline.LocalBackendConfig()
 
+The judge and the coder must be given: the paper grades every model with the
+same fixed judge and coder, so a model must not grade itself unless that is
+asked for explicitly with `judge='self'` / `coder='self'`; such a run is marked
+"self-graded" at the top of `report.md` and in `metrics.json` (`grading`). A
+seat that is the agent's own checkpoint or endpoint counts as self-graded too.
+
 Written into `run_dir`, per run name (`interactive`, `in_context`, and
 `<mode>+observations` for the coder variant that sees the observed calls):
 `<mode>_episodes.jsonl` (resumable), `<run>_scored.jsonl` (resumable),
@@ -27,6 +33,11 @@ from pau_jax.policy.http import HTTPConfig
 from pau_jax.policy.local import SamplingConfig
 
 MODES = ("interactive", "in_context")
+SELF = "self"
+SELF_GRADED_BANNER = (
+    "**Self-graded**: the judge and/or the coder is the evaluated model itself, not the "
+    "paper's fixed judge and coder; these scores are not comparable with published numbers."
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -160,6 +171,52 @@ class _Backends:
         return LocalPolicy(model, tokenizer, backend.sampling)
 
 
+def _same_model(seat, policy) -> bool:
+    """Whether a seat's backend runs the very model of the agent (same weights or endpoint)."""
+    if isinstance(seat, LocalBackendConfig) and isinstance(policy, LocalBackendConfig):
+        same_dir = (
+            pathlib.Path(seat.checkpoint_dir or "").expanduser().resolve()
+            == pathlib.Path(policy.checkpoint_dir or "").expanduser().resolve()
+        )
+        return same_dir and seat.adapter_dir in (None, policy.adapter_dir)
+    if isinstance(seat, HTTPBackendConfig) and isinstance(policy, HTTPBackendConfig):
+        return (seat.http.base_url, seat.http.model) == (policy.http.base_url, policy.http.model)
+    return seat == policy
+
+
+def _describe_backend(backend) -> str:
+    """A one-line description of a backend for metrics.json and report.md."""
+    if isinstance(backend, LocalBackendConfig):
+        adapter = f" + adapter {backend.adapter_dir}" if backend.adapter_dir else ""
+        return f"checkpoint {backend.checkpoint_dir}{adapter}"
+    if isinstance(backend, HTTPBackendConfig):
+        return (
+            f"endpoint {backend.http.base_url or '$PAU_OPENAI_BASE_URL'} model {backend.http.model}"
+        )
+    return type(backend).__name__
+
+
+def resolve_seat(name: str, seat, policy) -> tuple[object, bool]:
+    """(backend, self_graded) of the judge or coder seat; `'self'` means the agent's backend.
+
+    Raises:
+      ValueError: the seat is not set (None).
+    """
+    if seat is None:
+        macro = name.upper()
+        raise ValueError(
+            f"no {name} is set: give a checkpoint or an endpoint "
+            f"(--gin.{macro}=@{name}/pau_jax.evaluation.pipeline.LocalBackendConfig() or "
+            f"...HTTPBackendConfig(); Python: {name}=<*BackendConfig>), or {name}='self' to let "
+            "the evaluated model grade itself (not the paper's setup; the run is marked self-graded)"
+        )
+    if isinstance(seat, str):
+        if seat != SELF:
+            raise ValueError(f"{name} must be a *BackendConfig or '{SELF}', got {seat!r}")
+        return policy, True
+    return seat, _same_model(seat, policy)
+
+
 def build_policy(backend, specs: Sequence = ()):
     """The policy of one backend config (a `*BackendConfig` of this module).
 
@@ -269,6 +326,7 @@ def evaluate(
     episode_config: EpisodeConfig = EpisodeConfig(),
     sandbox_workers: int = 2,
     call_timeout_s: float = 2.0,
+    score_timeout_s: float = 2.0,
     max_parallel_calls: int = 8,
     coder_observations: Sequence[bool] = (False,),
     attribute_failures: bool = True,
@@ -287,11 +345,13 @@ def evaluate(
       policy: the agent's backend (a `*BackendConfig` of this module).
       dataset: `DatasetConfig` (a built TFDS split) or `DemoTasksConfig`.
       modes: any of 'interactive' and 'in_context'.
-      judge: the judge's backend; None uses the agent's.
-      coder: the coder's backend; None uses the agent's.
+      judge: the judge's backend (required), or 'self' for the agent's own model.
+      coder: the coder's backend (required), or 'self' for the agent's own model.
       episode_config: the protocol constants (budget, history window, display).
       sandbox_workers: worker processes of the sandbox.
-      call_timeout_s: wall-clock limit of one sandboxed call.
+      call_timeout_s: wall-clock limit of one sandboxed call of an episode.
+      score_timeout_s: wall-clock limit of one call of the coder's function (and of
+        the true function when a task has no stored held-out outputs).
       max_parallel_calls: sandbox calls in flight at once during episodes.
       coder_observations: code-match variants: False = description only, True = the
         coder also sees the shown examples and observed calls. (False, True) reports both.
@@ -314,6 +374,13 @@ def evaluate(
         raise ValueError(
             f"coder_observations must be (False,), (True,) or both, got {coder_observations}"
         )
+    judge_backend, judge_self = resolve_seat("judge", judge, policy)
+    coder_backend, coder_self = resolve_seat("coder", coder, policy)
+    grading = {
+        "judge": "self (the evaluated model)" if judge_self else _describe_backend(judge_backend),
+        "coder": "self (the evaluated model)" if coder_self else _describe_backend(coder_backend),
+        "self_graded": judge_self or coder_self,
+    }
     out = pathlib.Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -323,17 +390,21 @@ def evaluate(
         if not specs:
             raise ValueError(f"the dataset {dataset!r} has no items to evaluate")
         print(f"[eval] {len(specs)} tasks; modes {tuple(modes)}", flush=True)
+        if grading["self_graded"]:
+            print("[eval] SELF-GRADED: the judge or the coder is the evaluated model", flush=True)
         backends = _Backends(specs)
         agent = backends.build(policy)
-        judge_policy = agent if judge is None else backends.build(judge)
-        coder_policy = agent if coder is None else backends.build(coder)
+        judge_policy = agent if judge == SELF else backends.build(judge_backend)
+        coder_policy = agent if coder == SELF else backends.build(coder_backend)
         ids = {s.task.task_id for s in specs}
         for mode in modes:
             episodes_path = out / f"{mode}_episodes.jsonl"
             if mode == "interactive":
                 runner.run_episodes(
                     specs,
-                    agent,
+                    # Reply objects (token counts, finish reasons) when the backend has them:
+                    # a prompt over SamplingConfig.max_prompt_tokens then ends its episode.
+                    getattr(agent, "complete", agent),
                     executor,
                     episode_config,
                     out_path=episodes_path,
@@ -362,7 +433,7 @@ def evaluate(
                     low_code_match=low_code_match,
                     low_judge_score=low_judge_score,
                     batch_size=score_batch_size,
-                    timeout_s=call_timeout_s,
+                    timeout_s=score_timeout_s,
                 )
                 judged = judged or {r["task_id"]: r for r in scored}
                 runs[name] = scored
@@ -403,6 +474,7 @@ def evaluate(
             "n": len(best),
         }
     result = {
+        "grading": grading,
         "tasks": len(specs),
         "runs": summaries,
         "intervals": intervals,
@@ -415,10 +487,17 @@ def evaluate(
     }
     (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
     notes = [f"{len(specs)} tasks; call budget {episode_config.call_budget}"]
+    notes += [f"judge: {grading['judge']}; coder: {grading['coder']}"]
     notes += [f"{k}: code match mean {v['code_match_mean']:.3f}" for k, v in ensembles.items()]
     notes += [f"{seat} backend: {n} failed requests" for seat, n in failures.items() if n]
     path = report.write_report(
-        out, runs, title=title, notes=notes, intervals=intervals, comparisons=comparisons
+        out,
+        runs,
+        title=title,
+        notes=notes,
+        intervals=intervals,
+        comparisons=comparisons,
+        banner=SELF_GRADED_BANNER if grading["self_graded"] else "",
     )
     for name, s in summaries.items():
         j, c = s["judge"], s["code_match"]

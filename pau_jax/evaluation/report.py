@@ -191,6 +191,7 @@ def write_report(
     intervals: Mapping[str, Mapping[str, dict]] | None = None,
     comparisons: Mapping[str, Mapping[str, dict]] | None = None,
     training: Sequence[dict] | None = None,
+    banner: str = "",
 ) -> pathlib.Path:
     """Writes `report.md` and its PNG plots into `run_dir`; returns the report path.
 
@@ -203,6 +204,7 @@ def write_report(
       comparisons: "a vs b" -> metric -> paired interval of mean(a - b), with `p_value`.
       training: metrics.jsonl lines of a training run (`step`, `train/loss`,
         `rollout/reward_mean`); adds a table and `training.png`.
+      banner: a paragraph shown right under the title (e.g. that the run is self-graded).
     """
     if not runs:
         raise ValueError("write_report needs at least one run of scored records")
@@ -210,7 +212,7 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     summaries = {name: metrics.summarize(records) for name, records in runs.items()}
     images = _plots(runs, summaries, out)
-    lines = [f"# {title}", "", metrics_table(summaries)]
+    lines = [f"# {title}", ""] + ([banner, ""] if banner else []) + [metrics_table(summaries)]
     if intervals:
         lines += ["## Bootstrap confidence intervals", "", interval_table(intervals)]
     if comparisons:

@@ -98,6 +98,7 @@ def episode_record(
             "output": s.output,
             "parse_ok": s.parse_ok,
             "parse_error": s.parse_error,
+            "input_text": s.input_text,
             "call": s.call,
             "result": s.result,
             "call_ok": s.call_ok,
@@ -214,6 +215,10 @@ def run_episode_states(
             calls = {}
             for eid, reply in zip(order, outputs, strict=True):
                 state, text = active[eid], _text(reply)
+                if getattr(reply, "finish_reason", None) == "prompt_length":
+                    # The policy refused the prompt as too long: the episode ends, no step.
+                    active[eid] = episode.on_prompt_too_long(state, config)
+                    continue
                 replies[eid].append(reply)
                 if state.phase is Phase.CONCEPTUALIZE:
                     active[eid] = episode.on_conceptualize(state, text, config)

@@ -15,6 +15,9 @@ class Reference:
       header: the anonymised signature.
       description: the gold description ('' when there is none).
       held_out: E_test argument tuples.
+      held_out_outputs: the true return value on each of `held_out`, as stored in
+        the dataset (code match compares with these); None runs the true function
+        at scoring time instead.
       examples: the shown examples as `call -> result` lines (given to the coder in the
         with-observations variant, before the episode's own calls).
       source: the benchmark the task comes from (copied into scored records).
@@ -24,6 +27,7 @@ class Reference:
     header: str
     description: str
     held_out: tuple[tuple, ...]
+    held_out_outputs: tuple | None = None
     examples: tuple[str, ...] = ()
     source: str = ""
 
@@ -38,7 +42,12 @@ def score_episodes(
     with_observations: bool = False,
     timeout_s: float = 2.0,
 ) -> list[dict]:
-    """Returns copies of `records` with `judge_score`, `judge_raw`, `code_match`, `predicted_code`.
+    """Returns copies of `records` with judge and code-match fields added.
+
+    Added fields: `judge_score`, `judge_raw`, `judge_skipped`, `code_match` (None
+    when no held-out input could be compared), `code_runnable`,
+    `code_match_incomparable` (held-out inputs whose true result could not be
+    obtained), `predicted_code`.
 
     The judge and the coder are each called once for all records (batched).
     Tasks with an empty gold description get `judge_score = None` and
@@ -78,7 +87,14 @@ def score_episodes(
     out = []
     for r, code in zip(records, codes, strict=True):
         ref = references[r["task_id"]]
-        match = code_match.score_code(executor, ref.code, code, ref.held_out, timeout_s=timeout_s)
+        match = code_match.score_code(
+            executor,
+            ref.code,
+            code,
+            ref.held_out,
+            timeout_s=timeout_s,
+            expected_outputs=ref.held_out_outputs,
+        )
         verdict = by_id.get(r["task_id"])
         extra = {"source": ref.source} if ref.source else {}
         out.append(
@@ -90,6 +106,7 @@ def score_episodes(
                 judge_skipped=verdict is None,
                 code_match=match.score,
                 code_runnable=match.runnable,
+                code_match_incomparable=match.incomparable,
                 predicted_code=code,
             )
         )

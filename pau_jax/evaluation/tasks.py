@@ -69,6 +69,7 @@ def to_reference(record: Record, display_mode: str = "repr") -> Reference:
         header=record.header,
         description=record.description,
         held_out=tuple(_args(e.args) for e in record.heldout),
+        held_out_outputs=tuple(values.decode(e.output) for e in record.heldout),
         examples=_lines(example_observations(record, display_mode)),
         source=record.source,
     )
@@ -88,23 +89,32 @@ def from_records(
 def demo(executor, config: EpisodeConfig) -> tuple[list[EpisodeSpec], dict[str, Reference]]:
     """Specs and references of the tasks embedded in `pau_jax.demo_tasks` (source 'demo').
 
-    The shown outputs are computed by running each task's code in `executor`.
+    The shown and held-out outputs are computed once by running each task's code
+    in `executor` (the references then hold them as stored outputs).
     """
     from pau_jax import demo_tasks
 
     specs = demo_tasks.demo_specs(executor, config)
     by_id = {t.task_id: t for t in demo_tasks.DEMO_TASKS}
-    references = {
-        s.task.task_id: Reference(
+    references = {}
+    for s in specs:
+        task = by_id[s.task.task_id]
+        results = executor.call_many(s.code, list(task.held_out), timeout_s=10.0)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise RuntimeError(
+                f"demo task {task.task_id}: a held-out call failed ({failed[0].error_type}: "
+                f"{failed[0].error_message})"
+            )
+        references[s.task.task_id] = Reference(
             code=s.code,
             header=s.task.header,
-            description=by_id[s.task.task_id].description,
-            held_out=by_id[s.task.task_id].held_out,
+            description=task.description,
+            held_out=task.held_out,
+            held_out_outputs=tuple(r.value for r in results),
             examples=_lines(s.task.examples),
             source="demo",
         )
-        for s in specs
-    }
     return specs, references
 
 

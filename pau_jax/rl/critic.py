@@ -44,6 +44,9 @@ class CriticConfig:
       privileged: what the critic sees beyond the actor's view: 'description'
         (the gold description; the paper), 'description+source' (and the code),
         or 'none' (SYM-INFO ablation: exactly what the actor sees).
+      show_source: with privileged='description', show the source code too (the
+        released critic saw both); ignored with privileged='none', so an overlay that
+        sets it keeps the SYM-INFO ablation intact.
       max_new_tokens: token budget of one critic answer (a local critic decodes greedily).
       max_batch_size: conversations per critic call; None = all steps of a rollout at once.
       clamp: clamp ratings to [0, 1] after dividing by 9 (the paper); False keeps
@@ -53,6 +56,7 @@ class CriticConfig:
     """
 
     privileged: str = "description"
+    show_source: bool = False
     max_new_tokens: int = 128
     max_batch_size: int | None = None
     clamp: bool = True
@@ -128,13 +132,13 @@ def _format(items) -> str:
     return "\n".join(f"{call} -> {result}" for call, result in items) or "(none)"
 
 
-def _privileged(reference, privileged: str) -> str:
+def _privileged(reference, privileged: str, show_source: bool = False) -> str:
     if privileged == "none":
         return ""
     if reference is None:
         raise ValueError(f"privileged={privileged!r} needs a Reference for every task")
     text = f"True description of the function (hidden from the agent):\n{reference.description}\n\n"
-    if privileged == "description+source":
+    if privileged == "description+source" or show_source:
         text += f"Source code of the function (hidden from the agent):\n{reference.code}\n\n"
     return text
 
@@ -164,7 +168,7 @@ def step_messages(
         f"Examples shown to the agent:\n{_format((o.call, o.result) for o in state.task.examples)}"
         f"\n\nThe agent's calls so far:\n{_format(observations)}\n\n"
     )
-    privileged = _privileged(reference, config.privileged)
+    privileged = _privileged(reference, config.privileged, config.show_source)
     if step.phase is Phase.CONCEPTUALIZE:
         body = (
             f"{context}The agent's current hypothesis:\n{hypothesis or '(none yet)'}\n\n"

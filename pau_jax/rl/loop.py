@@ -13,6 +13,7 @@ latest step, with the train state, the data position and the sampling seeds it
 had, so an interrupted run and an uninterrupted one take the same steps.
 """
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -41,6 +42,7 @@ from pau_jax.sft.trainer import SFTConfig
 
 # Sampler calls one training step may make (rounds of its episodes); seeds of steps never overlap.
 _SEEDS_PER_STEP = 10_000
+SELF = "self"
 
 
 def task_order(seed: int, position: int, n_tasks: int, count: int) -> list[int]:
@@ -61,6 +63,16 @@ def task_order(seed: int, position: int, n_tasks: int, count: int) -> list[int]:
 def rollout_seed(seed: int, step: int) -> int:
     """Base sampling seed of training step ``step`` (0-based); call n of the step adds n."""
     return (seed * 1_000_003 + step) * _SEEDS_PER_STEP
+
+
+def critic_seed(seed: int, step: int) -> int:
+    """Base sampling seed of the critic at training step ``step``: the upper half of its block.
+
+    The actor's calls of a step use ``rollout_seed + n`` (n < _SEEDS_PER_STEP / 2), the
+    critic's ``critic_seed + n``, so a sampling critic never repeats its random stream
+    across steps and never shares one with the actor.
+    """
+    return rollout_seed(seed, step) + _SEEDS_PER_STEP // 2
 
 
 def _load_model(run_dir: pathlib.Path, checkpoint, model_config, tokenizer, dtype, seed, mesh):
@@ -182,10 +194,13 @@ def _grpo(
         reshard_s = to_layout(parallel.SAMPLER_RULES)
         batch_tasks = [specs[i] for i in task_order(seed, position, len(specs), k)]
         actor = LocalPolicy(model, tokenizer, rollout_config.sampling(rollout_seed(seed, step)))
+        step_critic = critic or base_policy(
+            dataclasses.replace(critic_sampling, seed=critic_seed(seed, step))
+        )
         rollout = rollout_lib.collect(
             parallel.process_split(batch_tasks),
             actor=actor.complete,
-            critic=critic or base_policy(critic_sampling),
+            critic=step_critic,
             executor=executor,
             references=references,
             config=rollout_config,
@@ -294,8 +309,9 @@ def train(
       sft_config: when set, no GRPO: the run fine-tunes the LoRA on the teacher's
         episodes of the training tasks (DISTILL, CodeARC-SFT; see ``sft.distill``).
       teacher: the teacher's backend (a ``*BackendConfig`` of
-        ``pau_jax.evaluation.pipeline``); None = the actor's own base model,
-        sampled with the rollout settings.
+        ``pau_jax.evaluation.pipeline``), or 'self' for the actor's own base model
+        sampled with the rollout settings (self-distillation, said in the summary);
+        required with ``sft_config``.
       teacher_privileged: wrap the teacher in ``PrivilegedTeacher`` (CodeARC-SFT):
         it sees the gold description; the recorded prompts do not.
       teacher_show_code: the privileged teacher also sees the source.
@@ -371,7 +387,15 @@ def train(
         if sft_config is not None:  # DISTILL / CodeARC-SFT: behaviour cloning, no GRPO.
             to_layout(parallel.SAMPLER_RULES)
             if teacher is None:
+                raise ValueError(
+                    "the SFT ablations need a teacher: set --gin.TEACHER=<a *BackendConfig> "
+                    "(the paper's DISTILL teacher is GPT-4o-mini through an endpoint) or "
+                    "--gin.TEACHER=\"'self'\" for self-distillation from the base model"
+                )
+            if teacher == SELF:
                 teacher_policy = base_policy(rollout_config.sampling(rollout_seed(seed, 0)))
+            elif isinstance(teacher, str):
+                raise ValueError(f"teacher must be a *BackendConfig or '{SELF}', got {teacher!r}")
             else:
                 from pau_jax.evaluation import pipeline
 
@@ -383,6 +407,11 @@ def train(
                     teacher_policy,
                     distill.teacher_references(specs, refs or {}),
                     show_code=teacher_show_code,
+                )
+            if teacher == SELF:
+                print(
+                    "[train] SELF-DISTILLATION: the teacher is the actor's own base model",
+                    flush=True,
                 )
             print(f"[train] SFT on the episodes of teacher {_describe(teacher_policy)}", flush=True)
             result = distill.run(
@@ -444,6 +473,7 @@ def train(
         "steps": step,
         "data_position": position,
         "teacher": _describe(teacher_policy) if sft_config is not None else None,
+        "self_distillation": sft_config is not None and teacher == SELF,
         "lora_modules": n_adapted,
         "seconds": round(time.perf_counter() - started, 2),
         "last_metrics": last,

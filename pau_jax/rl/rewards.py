@@ -9,10 +9,20 @@ Every step of an episode is one phase and gets one scalar reward:
 * reflection (``Phase.REVISE``): ``failure_reward * [parse failed]
   + lambda_h * (s + b_term(done, s)) + r_len(n; reflection_tau, reflection_alpha)``;
 
-and an episode cut off at ``max_steps`` adds ``timeout_reward`` (-1.0) to its
-last step. ``s`` is the critic's score in [0, 1] for that step; ``n`` is the
-number of whitespace-separated words of the step's whole output text (thinking
-included, since those tokens are trained too). ``b_term(done, s)`` is
+and an episode cut off at ``max_steps`` gets ``timeout_reward`` (-1.0) on its last
+step (``RewardConfig.timeout_rule``: ``"add"``, the paper's "final timeout
+penalty", adds it to that step's own terms; ``"replace"``, the released code,
+makes it that step's whole reward: the released environment stops at the step
+limit without scoring the step). ``s`` is the critic's score in [0, 1] for that
+step; ``n`` is a number of whitespace-separated words: for an input step, the
+words of the parsed input (the argument text the environment extracted, as the
+paper's ``r_len(input; 30, 0.5)`` and the released environment count it; 0 when
+no input could be extracted, which the failure term already punishes); for a
+reasoning or reflection step, the words of the reply with its ``<think>`` blocks
+removed. Thinking is not counted because the paper's rewards are functions of
+the response the environment receives, which the released environment takes
+after ``</think>``; counting it would make the penalty punish thinking itself
+(its length is bounded by the token budget instead). ``b_term(done, s)`` is
 ``+1`` if done and s > 0.7, ``-1`` if done and s <= 0.7, ``+1`` if not done and
 s < 0.3, else 0; ``done`` is True only on the reflection step whose STOP ended
 the episode.
@@ -34,9 +44,11 @@ Two length penalties (``RewardConfig.length_penalty``):
 import dataclasses
 from collections.abc import Sequence
 
+from pau_jax.env import parse
 from pau_jax.env.episode import EpisodeState, Phase
 
 LENGTH_PENALTIES = ("paper", "released")
+TIMEOUT_RULES = ("add", "replace")
 TERMS = ("critic", "termination", "execution", "length", "timeout")
 
 
@@ -59,7 +71,9 @@ class RewardConfig:
       correct_stop_bonus: b_term of a correct STOP.
       premature_stop_bonus: b_term of a STOP at or below ``stop_threshold``.
       correct_continue_bonus: b_term of a CONTINUE below ``continue_threshold``.
-      timeout_reward: added to the last step of an episode cut off at ``max_steps``.
+      timeout_reward: the timeout penalty of an episode cut off at ``max_steps``.
+      timeout_rule: ``"add"`` (paper: added to the last step's own reward) or
+        ``"replace"`` (released code: the last step's whole reward).
       length_penalty: ``"paper"`` or ``"released"`` (see the module docstring).
     """
 
@@ -78,12 +92,17 @@ class RewardConfig:
     premature_stop_bonus: float = -1.0
     correct_continue_bonus: float = 1.0
     timeout_reward: float = -1.0
+    timeout_rule: str = "add"
     length_penalty: str = "paper"
 
     def __post_init__(self):
         if self.length_penalty not in LENGTH_PENALTIES:
             raise ValueError(
                 f"length_penalty must be one of {LENGTH_PENALTIES}, got {self.length_penalty!r}"
+            )
+        if self.timeout_rule not in TIMEOUT_RULES:
+            raise ValueError(
+                f"timeout_rule must be one of {TIMEOUT_RULES}, got {self.timeout_rule!r}"
             )
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
@@ -105,6 +124,9 @@ class StepRecord:
       phase: CONCEPTUALIZE (reasoning), GENERATE (input) or REVISE (reflection).
       output: the policy's whole reply text.
       parse_ok: whether the environment could parse the reply.
+      input_text: input steps only: the argument text the environment extracted
+        from the reply ('' when none could be extracted); its words are what the
+        input step's length penalty counts.
       call_ok: input steps only: whether the call returned without an exception
         (False when the input did not parse).
       score: the critic's score in [0, 1] for reasoning and reflection steps,
@@ -114,6 +136,7 @@ class StepRecord:
     phase: Phase
     output: str
     parse_ok: bool
+    input_text: str = ""
     call_ok: bool | None = None
     score: float | None = None
 
@@ -153,6 +176,7 @@ def record_from_state(state: EpisodeState, scores: Sequence[float | None]) -> Ep
             phase=step.phase,
             output=step.output,
             parse_ok=step.parse_ok,
+            input_text=step.input_text,
             call_ok=step.call_ok,
             score=score,
         )
@@ -168,6 +192,13 @@ def record_from_state(state: EpisodeState, scores: Sequence[float | None]) -> Ep
 def count_words(text: str) -> int:
     """Number of whitespace-separated words."""
     return len(text.split())
+
+
+def counted_words(step: StepRecord) -> int:
+    """The words a step's length penalty counts (see the module docstring)."""
+    if step.phase is Phase.GENERATE:
+        return count_words(step.input_text)
+    return count_words(parse.strip_think(step.output))
 
 
 def length_penalty(n_words: int, *, tau: int, alpha: float, mode: str = "paper") -> float:
@@ -200,7 +231,7 @@ def step_terms(step: StepRecord, *, done: bool, config: RewardConfig) -> dict[st
     """
     terms = dict.fromkeys(TERMS, 0.0)
     mode = config.length_penalty
-    n = count_words(step.output)
+    n = counted_words(step)
     if step.phase is Phase.CONCEPTUALIZE:
         if step.score is not None:
             terms["critic"] = float(step.score)
@@ -232,7 +263,11 @@ def step_terms(step: StepRecord, *, done: bool, config: RewardConfig) -> dict[st
 
 
 def episode_terms(record: EpisodeRecord, config: RewardConfig) -> list[dict[str, float]]:
-    """Per step, its reward terms (keys ``TERMS``); the timeout lands on the last step."""
+    """Per step, its reward terms (keys ``TERMS``); the timeout lands on the last step.
+
+    Under ``timeout_rule="replace"`` the last step of a timed-out episode keeps
+    only its ``timeout`` term.
+    """
     steps = record.steps
     if record.done and record.timed_out:
         raise ValueError("an episode cannot both end by STOP (done) and time out")
@@ -246,6 +281,8 @@ def episode_terms(record: EpisodeRecord, config: RewardConfig) -> list[dict[str,
         for i, step in enumerate(steps)
     ]
     if record.timed_out:
+        if config.timeout_rule == "replace":
+            terms[-1] = dict.fromkeys(TERMS, 0.0)
         terms[-1]["timeout"] = config.timeout_reward
     return terms
 

@@ -36,6 +36,9 @@ class RolloutConfig:
         temperature must match it).
       top_k, top_p: sampling filters (0 and 1: none; the learner assumes none).
       enable_thinking: passed to the chat template.
+      max_prompt_tokens: an episode ends (finish reason 'prompt_length') when the
+        prompt of its next phase is longer than this; None = no limit. The released
+        trainer stopped an episode whose prompt exceeded its maximum prompt length.
       call_timeout_s: wall-clock limit of one sandbox call.
       max_parallel_calls: sandbox calls in flight at once.
     """
@@ -47,6 +50,7 @@ class RolloutConfig:
     top_k: int = 0
     top_p: float = 1.0
     enable_thinking: bool = False
+    max_prompt_tokens: int | None = None
     call_timeout_s: float = 2.0
     max_parallel_calls: int = 8
 
@@ -68,6 +72,7 @@ class RolloutConfig:
             top_p=self.top_p,
             seed=seed,
             enable_thinking=self.enable_thinking,
+            max_prompt_tokens=self.max_prompt_tokens,
         )
 
 
@@ -136,6 +141,7 @@ def _metrics(episodes, scores, rewards, terms, advantages, group_ids, critic) ->
         "rollout/stop_rate": _mean(s.finish_reason == "stop" for s in states),
         "rollout/budget_rate": _mean(s.finish_reason == "budget" for s in states),
         "rollout/timeout_rate": _mean(s.finish_reason == "max_steps" for s in states),
+        "rollout/prompt_length_rate": _mean(s.finish_reason == "prompt_length" for s in states),
         "rollout/steps_per_episode": _mean(len(s.steps) for s in states),
         "rollout/calls_per_episode": _mean(s.n_calls for s in states),
         "rollout/call_error_rate": _mean(
@@ -212,8 +218,17 @@ def collect(
         progress=False,
     )
     by_id = {f.spec.episode_id: f for f in finished}
-    episodes = [by_id[spec.episode_id] for spec in specs]
-    group_ids = [(i // config.group_size, e.spec.task.task_id) for i, e in enumerate(episodes)]
+    # An episode whose first prompt was already too long has no step to train on.
+    episodes = [by_id[spec.episode_id] for spec in specs if by_id[spec.episode_id].state.steps]
+    if not episodes:
+        raise ValueError(
+            "every episode of the batch ended before its first step (prompt longer than "
+            "SamplingConfig.max_prompt_tokens?); raise the limit or shorten the prompts"
+        )
+    position = {spec.episode_id: i for i, spec in enumerate(specs)}
+    group_ids = [
+        (position[e.spec.episode_id] // config.group_size, e.spec.task.task_id) for e in episodes
+    ]
     verdict = critic_lib.score_episodes(
         critic, [e.state for e in episodes], references, critic_config
     )
@@ -227,6 +242,7 @@ def collect(
         for i, (reply, adv) in enumerate(zip(e.replies, episode_adv, strict=True))
     ]
     metrics = _metrics(episodes, verdict.scores, rewards, terms, advantages, group_ids, verdict)
+    metrics["rollout/episodes_without_steps"] = float(len(specs) - len(episodes))
     return Rollout(
         samples=samples,
         metrics=metrics,

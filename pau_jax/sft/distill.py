@@ -183,7 +183,12 @@ def run(
         model, tokenizer, records, sft_config, writer=writer, enable_thinking=enable_thinking
     )
     steps = len(history)
-    pairs = sum(len(r["steps"]) for r in records)
+    pairs = sum(
+        1
+        for r in records
+        for step in r["steps"]
+        if step.get("parse_ok", True) or not sft_config.skip_unparsed
+    )
     extra = {"seed": seed, "mode": "sft", "step": steps, "episodes": len(records)}
     checkpointer.save(steps, state, extra=extra)
     last = history[-1] if history else {}

@@ -53,6 +53,9 @@ class SFTConfig:
         only a few shapes compile.
       logits_chunk_tokens: positions whose [chunk, V] logits exist at once.
       seed: seed of the per-epoch shuffle.
+      skip_unparsed: leave out steps whose output the environment could not parse
+        (a malformed input or reflection is not behaviour to imitate); counted in
+        the ``sft/skipped_unparsed`` metric.
     """
 
     learning_rate: float = 1e-5
@@ -65,6 +68,7 @@ class SFTConfig:
     pad_to_multiple: int = 128
     logits_chunk_tokens: int = 1024
     seed: int = 0
+    skip_unparsed: bool = True
 
     def __post_init__(self):
         for name in ("epochs", "batch_size", "max_length", "pad_to_multiple"):
@@ -285,7 +289,14 @@ def train_sft(
     Returns:
       (the final train state, per step a dict of float metrics).
     """
-    examples = samples_from_records(records, tokenizer, enable_thinking=enable_thinking)
+    records = list(records)
+    examples = samples_from_records(
+        records, tokenizer, enable_thinking=enable_thinking, skip_unparsed=config.skip_unparsed
+    )
+    total_steps = sum(len(r["steps"]) for r in records)
+    skipped = total_steps - len(examples)
+    if skipped:
+        logging.warning("SFT skips %d of %d steps that failed to parse", skipped, total_steps)
     kept = [e for e in examples if len(e.prompt_ids) + len(e.completion_ids) <= config.max_length]
     dropped = len(examples) - len(kept)
     if dropped:
@@ -311,7 +322,13 @@ def train_sft(
             )
             state, metrics = step_fn(state, batch)
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            metrics.update({"sft/epoch": float(epoch), "sft/dropped_pairs": float(dropped)})
+            metrics.update(
+                {
+                    "sft/epoch": float(epoch),
+                    "sft/dropped_pairs": float(dropped),
+                    "sft/skipped_unparsed": float(skipped),
+                }
+            )
             history.append(metrics)
             if writer is not None:
                 writer.write(len(history), metrics)

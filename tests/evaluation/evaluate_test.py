@@ -177,19 +177,133 @@ def test_bad_arguments_are_clear(tmp_path):
     with pytest.raises(ValueError, match="coder_observations"):
         pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, coder_observations=())
     with pytest.raises(TypeError, match="dataset must be"):
-        pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, dataset="demo")
+        pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, dataset="demo", **SCRIPTED)
     with pytest.raises(ValueError, match="checkpoint_dir is not set"):
         pipeline.evaluate(
-            run_dir=str(tmp_path), policy=pipeline.LocalBackendConfig(checkpoint_dir=None)
+            run_dir=str(tmp_path),
+            policy=pipeline.LocalBackendConfig(checkpoint_dir=None),
+            **SCRIPTED,
         )
     with pytest.raises(TypeError, match="unknown backend"):
-        pipeline.evaluate(run_dir=str(tmp_path), policy="oracle")
+        pipeline.evaluate(run_dir=str(tmp_path), policy="oracle", **SCRIPTED)
     with pytest.raises(FileNotFoundError, match="not built under"):
         pipeline.evaluate(
             run_dir=str(tmp_path),
             policy=oracle,
             dataset=pipeline.DatasetConfig(config="debug", data_dir=str(tmp_path / "none")),
+            **SCRIPTED,
         )
+
+
+def test_the_judge_and_the_coder_must_be_chosen(tmp_path):
+    oracle = pipeline.OracleBackendConfig()
+    coder = pipeline.ScriptedCoderBackendConfig()
+    judge = pipeline.ScriptedJudgeBackendConfig()
+    # Nothing runs without a judge and a coder: the model under test never grades itself silently.
+    with pytest.raises(ValueError, match="no judge is set.*JUDGE.*'self'"):
+        pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, coder=coder)
+    with pytest.raises(ValueError, match="no coder is set"):
+        pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, judge=judge)
+    with pytest.raises(ValueError, match="must be a \\*BackendConfig or 'self'"):
+        pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, judge="me", coder=coder)
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+    # An independent judge and coder: not self-graded.
+    graded = pipeline.evaluate(
+        run_dir=str(tmp_path / "graded"), policy=oracle, modes=("in_context",), **SCRIPTED
+    )
+    assert graded["grading"] == {
+        "judge": "ScriptedJudgeBackendConfig",
+        "coder": "ScriptedCoderBackendConfig",
+        "self_graded": False,
+    }
+    assert "Self-graded" not in (tmp_path / "graded" / "report.md").read_text()
+
+
+class _DescribeAndCode:
+    """An agent that describes every function the same way and, as a coder, returns 0."""
+
+    def __call__(self, conversations):
+        return [
+            "```python\ndef test_func(*args):\n    return 0\n```"
+            if "Write a Python function" in c[-1]["content"]
+            else "Description: returns zero"
+            for c in conversations
+        ]
+
+
+def test_a_self_graded_run_says_so_at_the_top(tmp_path, monkeypatch):
+    agent_config = pipeline.RandomProberBackendConfig(seed=7)
+    build = pipeline._Backends.build
+    monkeypatch.setattr(
+        pipeline._Backends,
+        "build",
+        lambda self, b: _DescribeAndCode() if b == agent_config else build(self, b),
+    )
+    result = pipeline.evaluate(
+        run_dir=str(tmp_path),
+        policy=agent_config,
+        judge=pipeline.ScriptedJudgeBackendConfig(),
+        coder="self",
+        modes=("in_context",),
+        bootstrap_resamples=200,
+    )
+    assert result["grading"]["self_graded"] and result["grading"]["coder"].startswith("self")
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert next(iter(metrics)) == "grading" and metrics["grading"]["self_graded"] is True
+    report = (tmp_path / "report.md").read_text().splitlines()
+    assert report[0].startswith("# ") and report[2].startswith("**Self-graded**")
+    # A seat on the agent's own checkpoint counts as self-graded too.
+    agent = pipeline.LocalBackendConfig(checkpoint_dir="/ckpt/a", adapter_dir="/runs/x/adapter")
+    seat, is_self = pipeline.resolve_seat(
+        "judge", pipeline.LocalBackendConfig(checkpoint_dir="/ckpt/a"), agent
+    )
+    assert is_self and seat.checkpoint_dir == "/ckpt/a"
+    other = pipeline.LocalBackendConfig(checkpoint_dir="/ckpt/judge")
+    assert pipeline.resolve_seat("judge", other, agent) == (other, False)
+
+
+class _WrongCoderHandler(_OracleHandler):
+    """A coder endpoint whose every function returns 0."""
+
+    policy = staticmethod(
+        lambda conversations: ["```python\ndef test_func(*args):\n    return 0\n```"]
+    )
+
+
+def test_a_wrong_coder_scores_below_one_against_the_stored_outputs(tmp_path):
+    from pau_jax.env.episode import EpisodeConfig
+    from pau_jax.evaluation import tasks
+    from pau_jax.policy.http import HTTPConfig
+    from pau_jax.sandbox import Executor, values
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _WrongCoderHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        coder = pipeline.HTTPBackendConfig(http=HTTPConfig(base_url=url, model="zero"))
+        result = pipeline.evaluate(
+            run_dir=str(tmp_path),
+            policy=pipeline.OracleBackendConfig(n_probes=1),
+            judge=pipeline.ScriptedJudgeBackendConfig(),
+            coder=coder,
+            episode_config=EpisodeConfig(call_budget=2),
+            bootstrap_resamples=200,
+        )
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    with Executor(workers=1) as ex:
+        _, references = tasks.demo(ex, EpisodeConfig())
+    # Per task, the share of stored held-out outputs that are the int 0 (typed: not 0.0 or False).
+    expected = {
+        tid: sum(values.typed_equal(o, 0) for o in ref.held_out_outputs) / len(ref.held_out)
+        for tid, ref in references.items()
+    }
+    scored = [json.loads(x) for x in _lines(tmp_path / "interactive_scored.jsonl")]
+    assert {r["task_id"]: r["code_match"] for r in scored} == pytest.approx(expected)
+    assert all(r["code_match_incomparable"] == 0 for r in scored)
+    mean = result["runs"]["interactive"]["code_match"]["mean"]
+    assert mean == pytest.approx(sum(expected.values()) / 4) and mean < 1.0
 
 
 def test_launch_eval_tiny_writes_every_artefact(tmp_path):
@@ -237,3 +351,31 @@ def test_eval_gin_files_parse(files, tmp_path):
     assert "run_defaults.run_mode = 'eval'" in proc.stdout
     if files[0] == "eval/in_context.gin":
         assert "evaluate.title = 'PAU evaluation (in-context)'" in proc.stdout
+
+
+def test_episode_calls_and_scoring_have_their_own_timeouts(tmp_path, monkeypatch):
+    from pau_jax.evaluation import runner, score
+
+    seen = {}
+    run, scored = runner.run_episodes, score.score_episodes
+
+    def run_spy(*args, call_timeout_s, **kwargs):
+        seen["episode"] = call_timeout_s
+        return run(*args, call_timeout_s=call_timeout_s, **kwargs)
+
+    def score_spy(*args, timeout_s, **kwargs):
+        seen["score"] = timeout_s
+        return scored(*args, timeout_s=timeout_s, **kwargs)
+
+    monkeypatch.setattr(pipeline.runner, "run_episodes", run_spy)
+    monkeypatch.setattr(pipeline.score, "score_episodes", score_spy)
+    pipeline.evaluate(
+        run_dir=str(tmp_path),
+        policy=pipeline.OracleBackendConfig(n_probes=1),
+        dataset=pipeline.DemoTasksConfig(limit=1),
+        call_timeout_s=30.0,
+        score_timeout_s=0.5,
+        attribute_failures=False,
+        **SCRIPTED,
+    )
+    assert seen == {"episode": 30.0, "score": 0.5}

@@ -70,3 +70,19 @@ def test_stop_rate_leaves_out_records_without_a_stop_decision():
     ]
     assert metrics.summarize(records)["stop_rate"] == pytest.approx(0.5)
     assert metrics.summarize(records[2:])["stop_rate"] is None
+
+
+def test_parse_failure_rates_per_phase_and_finish_reasons():
+    def step(phase, ok):
+        return {"phase": phase, "parse_ok": ok}
+
+    records = [
+        {"n_calls": 1, "stopped_by_agent": False, "finish_reason": "budget",
+         "steps": [step("conceptualize", True), step("generate", False), step("revise", False)]},
+        {"n_calls": 1, "stopped_by_agent": True, "finish_reason": "stop",
+         "steps": [step("conceptualize", True), step("generate", True), step("revise", True)]},
+    ]  # fmt: skip
+    out = metrics.summarize(records)
+    assert out["parse_failure_rate"] == {"conceptualize": 0.0, "generate": 0.5, "revise": 0.5}
+    assert out["finish_reasons"] == {"budget": 1, "stop": 1}
+    assert metrics.parse_failure_rates([{"n_calls": 0}]) == {}

@@ -198,3 +198,35 @@ def test_duplicate_episode_ids_rejected(specs, executor):
     twins = [dataclasses.replace(specs[0], episode_id="x")] * 2
     with pytest.raises(ValueError, match="unique"):
         runner.run_episodes(twins, ScriptedPolicy(), executor, EpisodeConfig(), progress=False)
+
+
+def test_a_prompt_the_policy_refuses_as_too_long_ends_that_episode(specs, executor):
+    class Refusing(ScriptedPolicy):
+        """Refuses the affine task's prompts once they show a call (too long)."""
+
+        def __call__(self, conversations):
+            texts = super().__call__(conversations)
+            out = []
+            for c, text in zip(conversations, texts):
+                content = c[-1]["content"]
+                refuse = _examples_key("demo/affine") in content and "test_func(4, 5) ->" in content
+                out.append(
+                    Completion(
+                        text="" if refuse else text,
+                        finish_reason="prompt_length" if refuse else "stop",
+                        prompt_tokens=1,
+                        completion_tokens=0 if refuse else 1,
+                    )
+                )
+            return out
+
+    finished = runner.run_episode_states(
+        specs, Refusing(stop_after=2), executor, EpisodeConfig(), progress=False
+    )
+    by_id = {f.spec.episode_id: f for f in finished}
+    affine = by_id["demo/affine"]
+    # C, G (the call), then the reflection prompt is refused: no step, no reply for it.
+    assert affine.state.finish_reason == "prompt_length" and affine.state.n_calls == 1
+    assert len(affine.state.steps) == len(affine.replies) == 2
+    assert affine.record["finish_reason"] == "prompt_length"
+    assert all(by_id[t].state.finish_reason == "stop" for t in PROBES if t != "demo/affine")

@@ -182,3 +182,79 @@ def test_with_observations_shows_examples_first_and_copies_source(executor):
         assert scored["judge_skipped"] and scored["judge_score"] is None
     calls = "test_func(2) -> 4\ntest_func(0) -> 0\ntest_func(3) -> 6"
     assert calls in seen[0] and "test_func(2) -> 4" not in seen[1]
+
+
+HANGS_ON_FIVE = """\
+def test_func(arg0):
+    while arg0 == [5]:
+        pass
+    return (min(arg0), max(arg0))
+"""
+CORRECT = "def test_func(arg0):\n    return (min(arg0), max(arg0))\n"
+LIST_INPUTS = [([3, 1, 2],), ([5],), ([-1, -7],)]
+
+
+def test_stored_outputs_are_the_reference(executor):
+    # The true function would hang on [5] now, but the stored answers are used: it never runs.
+    stored = [(1, 3), (5, 5), (-7, -1)]
+    got = code_match.score_code(
+        executor, HANGS_ON_FIVE, CORRECT, LIST_INPUTS, timeout_s=0.5, expected_outputs=stored
+    )
+    assert got.score == 1.0 and got.incomparable == 0
+    # A wrong stored answer is a mismatch for a correct function: the key decides, typed.
+    got = code_match.score_code(
+        executor, CORRECT, CORRECT, LIST_INPUTS, expected_outputs=[(1, 3), [5, 5], (-7, -1)]
+    )
+    assert got.matches == (True, False, True) and got.score == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="one output per input"):
+        code_match.score_code(executor, CORRECT, CORRECT, LIST_INPUTS, expected_outputs=[(1, 3)])
+
+
+def test_a_reference_that_cannot_be_run_is_not_a_mismatch(executor):
+    # Without stored outputs the true function runs; its timeout on [5] leaves that input out.
+    got = code_match.score_code(executor, HANGS_ON_FIVE, CORRECT, LIST_INPUTS, timeout_s=0.5)
+    assert got.incomparable == 1 and got.score == 1.0
+    assert got.matches == (True, False, True)
+    # Nothing comparable: no score at all rather than 0.
+    got = code_match.score_code(executor, HANGS_ON_FIVE, CORRECT, [([5],)], timeout_s=0.5)
+    assert got.score is None and got.incomparable == 1
+
+
+def test_scored_records_and_metrics_report_incomparable_items(executor):
+    from pau_jax.evaluation import metrics, score
+
+    refs = {
+        "hangs": score.Reference(
+            code=HANGS_ON_FIVE, header="def test_func(arg0):", description="", held_out=(([5],),)
+        ),
+        "fine": score.Reference(
+            code=CORRECT,
+            header="def test_func(arg0):",
+            description="",
+            held_out=(([1, 2],),),
+            held_out_outputs=((1, 2),),
+        ),
+    }
+    records = [
+        {
+            "task_id": t,
+            "prediction": "p",
+            "observations": [],
+            "n_calls": 0,
+            "stopped_by_agent": True,
+        }
+        for t in refs
+    ]
+
+    def coder(conversations):
+        return [f"```python\n{CORRECT}```"] * len(conversations)
+
+    scored = score.score_episodes(
+        records, refs, coder_policy=coder, executor=executor, timeout_s=0.5
+    )
+    by_id = {r["task_id"]: r for r in scored}
+    assert by_id["hangs"]["code_match"] is None and by_id["hangs"]["code_match_incomparable"] == 1
+    assert by_id["fine"]["code_match"] == 1.0 and by_id["fine"]["code_match_incomparable"] == 0
+    summary = metrics.summarize(scored)["code_match"]
+    assert summary["incomparable_items"] == 1 and summary["missing"] == 1
+    assert summary["mean"] == 1.0 and summary["n"] == 1

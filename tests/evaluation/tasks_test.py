@@ -37,12 +37,16 @@ def test_specs_and_references_follow_the_records(data_dir):
 def test_held_out_inputs_reproduce_the_stored_outputs(data_dir):
     records = tasks.load_split("debug", "test", data_dir, limit=4)
     _, references = tasks.from_records(records, EpisodeConfig())
+    compared = 0
     with Executor(workers=2) as ex:
         for record in records:
             got = ex.call_many(record.code, list(references[record.task_id].held_out), timeout_s=2)
-            for result, example in zip(got, record.heldout):
-                if result.ok:
-                    assert values.typed_equal(result.value, values.decode(example.output))
+            for result, example in zip(got, record.heldout, strict=True):
+                # Every stored held-out output is a return value: each call must succeed.
+                assert result.ok, (record.task_id, result.error_type, result.error_message)
+                assert values.typed_equal(result.value, values.decode(example.output))
+                compared += 1
+    assert compared >= 4
 
 
 def test_str_display_mode_is_used_for_the_examples(data_dir):
@@ -53,7 +57,9 @@ def test_str_display_mode_is_used_for_the_examples(data_dir):
     record = strings[0]
     spec = next(s for s in specs if s.task.task_id == record.task_id)
     args = values.decode(record.shown[0].args)
-    assert spec.task.examples[0].call == "test_func(" + ", ".join(str(a) for a in args) + ")"
+    # Calls as Python literals (a string argument keeps its quotes), results with str().
+    assert spec.task.examples[0].call == "test_func(" + ", ".join(repr(a) for a in args) + ")"
+    assert spec.task.examples[0].result == str(values.decode(record.shown[0].output))
     assert references[record.task_id].examples[0].startswith(spec.task.examples[0].call + " -> ")
 
 

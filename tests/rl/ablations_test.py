@@ -65,7 +65,7 @@ def test_distill_with_the_oracle_teacher_trains_the_adapter_and_resumes(tmp_path
     assert _lora_b_norm(run_dir) > 0  # B starts at zero: the adapter moved
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["mode"] == "sft" and summary["steps"] == len(metrics)
-    assert summary["teacher"] == "OraclePolicy"
+    assert summary["teacher"] == "OraclePolicy" and summary["self_distillation"] is False
     assert (run_dir / "checkpoints" / str(len(metrics))).is_dir()
     assert "critic/requested" not in (run_dir / "metrics.jsonl").read_text()  # no GRPO
     # A rerun restores the finished SFT instead of collecting or training again.
@@ -82,6 +82,7 @@ def test_codearc_sft_teacher_knows_the_answer_and_records_do_not(tmp_path):
         "--gin_file=ablations/codearc_sft.gin",
         "--gin_file=debug/local_tiny.gin",
         "--gin.pau_jax.experiment.train.teacher_show_code=True",
+        "--gin.TEACHER='self'",
         f"--run_dir={run_dir}",
         cwd=tmp_path,
     )
@@ -96,3 +97,20 @@ def test_codearc_sft_teacher_knows_the_answer_and_records_do_not(tmp_path):
     assert _sft_metrics(run_dir) and _lora_b_norm(run_dir) > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["teacher"] == "PrivilegedTeacher(LocalPolicy)"
+    assert summary["self_distillation"] is True
+    assert "SELF-DISTILLATION" in proc.stdout
+
+
+@pytest.mark.parametrize("overlay", ["distill", "codearc_sft"])
+def test_an_sft_ablation_without_a_teacher_refuses_to_start(overlay, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launching.launch(
+        "--gin_file=aac.gin",
+        f"--gin_file=ablations/{overlay}.gin",
+        "--gin_file=debug/local_tiny.gin",
+        f"--run_dir={run_dir}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "need a teacher" in proc.stderr and "TEACHER" in proc.stderr
+    assert not (run_dir / "teacher_episodes.jsonl").exists()

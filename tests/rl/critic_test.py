@@ -78,12 +78,14 @@ def test_prompts_show_the_step_and_only_the_chosen_privileged_information():
     gold, code = REFERENCES["t/affine"].description, "return arg0 * arg1 + 1"
     kinds = [s.phase for s in state.steps]
     assert critic.step_messages(state, 1, REFERENCES["t/affine"], CriticConfig()) is None
-    for privileged, shows_gold, shows_code in [
-        ("description", True, False),
-        ("description+source", True, True),
-        ("none", False, False),
+    for privileged, show_source, shows_gold, shows_code in [
+        ("description", False, True, False),
+        ("description+source", False, True, True),
+        ("description", True, True, True),  # the released critic: description and source
+        ("none", False, False, False),
+        ("none", True, False, False),  # SYM-INFO stays symmetric under the released overlay
     ]:
-        config = CriticConfig(privileged=privileged)
+        config = CriticConfig(privileged=privileged, show_source=show_source)
         for i, phase in enumerate(kinds):
             messages = critic.step_messages(state, i, REFERENCES["t/affine"], config)
             if phase is Phase.GENERATE:

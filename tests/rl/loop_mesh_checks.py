@@ -47,7 +47,7 @@ TINY = dict(
     lora_rank=2,
     lora_alpha=2.0,
     episode_config=EpisodeConfig(call_budget=2, max_steps=3),
-    reward_config=RewardConfig(max_steps=3),
+    reward_config=RewardConfig(max_steps=3, reasoning_tau=2, input_tau=2, reflection_tau=2),
     rollout_config=RolloutConfig(tasks_per_batch=2, group_size=2, max_new_tokens=8),
     critic_config=CriticConfig(max_new_tokens=4),
     learner_config=LearnerConfig(learning_rate=1e-2, logits_chunk_tokens=256),

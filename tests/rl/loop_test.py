@@ -24,7 +24,7 @@ TINY = dict(
     lora_rank=2,
     lora_alpha=2.0,
     episode_config=EpisodeConfig(call_budget=2, max_steps=3),
-    reward_config=RewardConfig(max_steps=3),
+    reward_config=RewardConfig(max_steps=3, reasoning_tau=2, input_tau=2, reflection_tau=2),
     rollout_config=RolloutConfig(tasks_per_batch=1, group_size=2, max_new_tokens=8),
     critic_config=CriticConfig(max_new_tokens=4),
     learner_config=LearnerConfig(learning_rate=1e-2, logits_chunk_tokens=256),
@@ -50,6 +50,26 @@ def test_rollout_seeds_of_steps_never_overlap():
     seeds = [loop.rollout_seed(s, k) for s in range(3) for k in range(100)]
     gaps = np.diff(sorted(seeds))
     assert len(set(seeds)) == len(seeds) and gaps.min() >= loop._SEEDS_PER_STEP
+
+
+def test_critic_seeds_differ_per_step_and_from_the_actor():
+    seeds = {loop.critic_seed(s, k) for s in range(3) for k in range(100)}
+    actor = {loop.rollout_seed(s, k) + n for s in range(3) for k in range(100) for n in range(50)}
+    assert len(seeds) == 300 and not seeds & actor
+
+
+def test_a_sampling_critic_gets_a_fresh_seed_every_step(tmp_path, monkeypatch):
+    seen = []
+    collect = loop.rollout_lib.collect
+
+    def spy(*args, critic, **kwargs):
+        seen.append(critic.sampling.seed)
+        return collect(*args, critic=critic, **kwargs)
+
+    monkeypatch.setattr(loop.rollout_lib, "collect", spy)
+    critic = CriticConfig(max_new_tokens=4, temperature=1.0)
+    loop.train(run_dir=str(tmp_path), steps=2, **dict(TINY, critic_config=critic))
+    assert seen == [loop.critic_seed(TINY["seed"], 0), loop.critic_seed(TINY["seed"], 1)]
 
 
 def _metrics(run_dir):

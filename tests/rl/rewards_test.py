@@ -23,7 +23,15 @@ def reasoning(n, score):
 
 
 def inputs(n, *, parse_ok=True, call_ok=True):
-    return StepRecord(phase=Phase.GENERATE, output=words(n), parse_ok=parse_ok, call_ok=call_ok)
+    # The reply wraps the n-word input in prose: only the input's words are counted.
+    output = f"I will try this input now.\n```\n{words(n)}\n```"
+    return StepRecord(
+        phase=Phase.GENERATE,
+        output=output,
+        parse_ok=parse_ok,
+        input_text=words(n),
+        call_ok=call_ok,
+    )
 
 
 def reflection(n, score, *, parse_ok=True):
@@ -152,6 +160,65 @@ def test_constants_are_configurable():
     assert rewards.episode_rewards(record, config) == pytest.approx([0.05, -2.0, 1.1 - 3.0])
 
 
+def test_input_length_counts_the_parsed_input_not_the_reply():
+    # 40 words of explanation around a 3-word input: no penalty (the input is under tau = 30).
+    chatty = StepRecord(
+        phase=Phase.GENERATE,
+        output=words(40) + "\n```\n(1, 2, 3)\n```",
+        parse_ok=True,
+        input_text="(1, 2, 3)",
+        call_ok=True,
+    )
+    assert rewards.counted_words(chatty) == 3
+    record = EpisodeRecord(steps=(chatty,), done=False, timed_out=False)
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx([0.025])
+    # A 32-word input costs 2 words over tau: -min(1, 0.5 * 2) = -1.
+    long_input = dataclasses.replace(chatty, input_text=words(32))
+    record = EpisodeRecord(steps=(long_input,), done=False, timed_out=False)
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx([0.025 - 1.0])
+    # Nothing extracted: no input to count, the failure term alone.
+    failed = dataclasses.replace(chatty, parse_ok=False, call_ok=False, input_text="")
+    record = EpisodeRecord(steps=(failed,), done=False, timed_out=False)
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx([-0.5])
+
+
+def test_thinking_is_not_counted_in_reasoning_and_reflection_length():
+    thought = f"<think>{words(300)}</think>"
+    plan = StepRecord(
+        phase=Phase.CONCEPTUALIZE, output=f"{thought}\n{words(10)}", parse_ok=True, score=0.5
+    )
+    hyp = StepRecord(
+        phase=Phase.REVISE,
+        output=f"{thought}\nHypothesis: adds\nDecision: CONTINUE",
+        parse_ok=True,
+        score=0.5,
+    )
+    assert rewards.counted_words(plan) == 10 and rewards.counted_words(hyp) == 4
+    record = EpisodeRecord(steps=(plan, hyp), done=False, timed_out=False)
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx([0.5, 1.0])
+    # The visible answer still counts: 110 words over tau = 100 cost 0.5.
+    long_plan = dataclasses.replace(plan, output=f"{thought}\n{words(110)}")
+    record = EpisodeRecord(steps=(long_plan,), done=False, timed_out=False)
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx([0.0])
+
+
+def test_timeout_rule_add_or_replace():
+    record = EpisodeRecord(
+        steps=(reasoning(5, 0.4), inputs(3), reflection(5, 0.1), reasoning(120, 0.9)),
+        done=False,
+        timed_out=True,
+    )
+    # Paper: the last step keeps its own terms (0.9 - 1.0 length) and -1.0 is added.
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx([0.4, 0.025, 2.2, -1.1])
+    # Released: the step that hits the limit is not scored; its reward is the timeout alone.
+    replace = RewardConfig(timeout_rule="replace")
+    assert rewards.episode_rewards(record, replace) == pytest.approx([0.4, 0.025, 2.2, -1.0])
+    terms = rewards.episode_terms(record, replace)[-1]
+    assert terms == dict.fromkeys(rewards.TERMS, 0.0) | {"timeout": -1.0}
+    with pytest.raises(ValueError, match="timeout_rule"):
+        RewardConfig(timeout_rule="drop")
+
+
 def test_invalid_records_fail_loudly():
     with pytest.raises(ValueError, match="both"):
         rewards.episode_rewards(
@@ -202,6 +269,7 @@ def test_records_from_real_episodes():
     record = rewards.record_from_state(state, [0.5, None, 0.2, 0.6, None, 0.9])
     assert record.done and not record.timed_out
     assert [s.call_ok for s in record.steps] == [None, True, None, None, False, None]
+    assert [s.input_text for s in record.steps] == ["", "(2, 5)", "", "", "('a', 1)", ""]
     # 0.5 | 0.025 | 2 * (0.2 + 1) | 0.6 | -0.5 | 2 * (0.9 + 1)
     assert rewards.episode_rewards(record, PAPER) == pytest.approx(
         [0.5, 0.025, 2.4, 0.6, -0.5, 3.8]

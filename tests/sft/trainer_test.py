@@ -220,7 +220,7 @@ def test_train_sft_on_records_lowers_their_nll_and_logs(tokenizer, tmp_path):
     batch = trainer.make_sft_batch(pairs, pad_to_multiple=16, rows_multiple=4)
     config = SFTConfig(
         learning_rate=3e-2, epochs=8, batch_size=2, max_length=512, pad_to_multiple=16,
-        logits_chunk_tokens=128,
+        logits_chunk_tokens=128, skip_unparsed=False,
     )  # fmt: skip
     graphdef, lora_state, base = learner.split_model(model)
 
@@ -250,6 +250,20 @@ def test_train_sft_on_records_lowers_their_nll_and_logs(tokenizer, tmp_path):
     assert lines[-1]["sft/epoch"] == 7.0
     for a, b in zip(base_before, _base(model)):
         np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_train_sft_skips_steps_that_failed_to_parse(tokenizer):
+    config = SFTConfig(
+        learning_rate=1e-2, epochs=2, batch_size=2, max_length=512, pad_to_multiple=16,
+        logits_chunk_tokens=128,
+    )  # fmt: skip
+    assert config.skip_unparsed  # the default
+    _, history = trainer.train_sft(_model(QWEN_VOCAB), tokenizer, RECORDS, config)
+    # 2 parsed pairs of 3 steps: one batch of 2 per epoch; the malformed input is not imitated.
+    assert len(history) == 2 and all(m["sft/skipped_unparsed"] == 1.0 for m in history)
+    assert all(m["sft/tokens"] == history[0]["sft/tokens"] for m in history)
+    parsed = trainer.samples_from_records(RECORDS, tokenizer, skip_unparsed=True)
+    assert history[0]["sft/tokens"] == sum(len(p.completion_ids) for p in parsed)
 
 
 def test_config_and_length_errors(tokenizer):
