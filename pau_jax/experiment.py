@@ -30,6 +30,7 @@ CONFIG_MODULES = (
 
 # Functions chosen by reference in gin files (`advantage_fn = @pau_jax.rl.credit.return_to_go`).
 FUNCTIONS = (
+    ("pau_jax.tools.fetch_smollm2", "ensure_checkpoint"),
     ("pau_jax.rl.credit", "return_to_go"),
     ("pau_jax.rl.credit", "final_only"),
     ("pau_jax.rl.credit", "last_step_broadcast"),
@@ -125,7 +126,8 @@ def _before_after(before: list[dict], after: list[dict], key: str, seed: int, re
 def quickstart(
     *,
     run_dir: str,
-    model_config,
+    model_config=None,
+    checkpoint: str | None = None,
     train_fn=None,
     evaluate_fn=None,
     data_dir: str = "~/tensorflow_datasets",
@@ -145,7 +147,8 @@ def quickstart(
 
     1. builds `pau/<dataset_config>` under `data_dir` unless it is there;
     2. writes a random Qwen3 (`model_config`) with the real offline Qwen3 tokenizer
-       as a Hugging Face checkpoint directory `run_dir/checkpoint`;
+       as a Hugging Face checkpoint directory `run_dir/checkpoint`, or uses the
+       given real `checkpoint` (e.g. SmolLM2-135M-Instruct, `gin/quickstart_real.gin`);
     3. evaluates it on the eval split (`run_dir/eval_before`), judge and coder being
        the same base checkpoint (self-graded, and labelled so in every report);
     4. trains its LoRA adapters with AAC on the train split (`run_dir/train`: the
@@ -157,7 +160,9 @@ def quickstart(
 
     Args:
       run_dir: the run directory.
-      model_config: a `Qwen3Config` of the random model.
+      model_config: a `Qwen3Config` of the random model (when no `checkpoint`).
+      checkpoint: a Hugging Face checkpoint directory to use instead of a random
+        model (gin: a path, or `@pau_jax.tools.fetch_smollm2.ensure_checkpoint()`).
       train_fn: the training function, called with keyword arguments (`run_dir`,
         `checkpoint`, `dtype`, `seed`, `dataset_config`, `data_dir`, `split`); gin
         binds the configured `pau_jax.experiment.train`. Default `pau_jax.rl.loop.train`.
@@ -199,15 +204,44 @@ def quickstart(
         print(f"\n[quickstart] {n}/5 {text}", flush=True)
         return time.perf_counter()
 
+    if (checkpoint is None) == (model_config is None):
+        raise ValueError(
+            "quickstart needs exactly one of model_config= (a random model) and checkpoint= "
+            "(a Hugging Face directory)"
+        )
     t = stage(1, f"dataset pau/{dataset_config} under {data_dir}")
     tasks_lib.ensure_built(data_dir, config=dataset_config, manual_dir=manual_dir)
-    checkpoint = out / "checkpoint"
-    if not (checkpoint / "config.json").exists():
-        fresh = qwen3.Qwen3ForCausalLM(model_config, rngs=nnx.Rngs(seed))
-        qwen3.save_hf(fresh, model_config, checkpoint)
-        save_offline_tokenizer(checkpoint)
-        del fresh
-    print(f"[quickstart] random Qwen3 checkpoint (real Qwen3 tokenizer): {checkpoint}", flush=True)
+    if checkpoint is not None:
+        real = True
+        checkpoint = pathlib.Path(checkpoint).expanduser()
+        if not (checkpoint / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{checkpoint} has no config.json; pass a Hugging Face directory"
+            )
+        hf_config = json.loads((checkpoint / "config.json").read_text())
+        model_text = (
+            f"{hf_config.get('model_type', '?')} checkpoint {checkpoint.name} "
+            f"({hf_config.get('num_hidden_layers', '?')} layers, hidden "
+            f"{hf_config.get('hidden_size', '?')})"
+        )
+        print(f"[quickstart] real checkpoint: {checkpoint}", flush=True)
+    else:
+        real = False
+        checkpoint = out / "checkpoint"
+        if not (checkpoint / "config.json").exists():
+            fresh = qwen3.Qwen3ForCausalLM(model_config, rngs=nnx.Rngs(seed))
+            qwen3.save_hf(fresh, model_config, checkpoint)
+            save_offline_tokenizer(checkpoint)
+            del fresh
+        model_text = (
+            f"random {model_config.num_hidden_layers}-layer Qwen3 (hidden "
+            f"{model_config.hidden_size}) over the real Qwen3 vocabulary: scores measure the "
+            "pipeline, not a model"
+        )
+        print(
+            f"[quickstart] random Qwen3 checkpoint (real Qwen3 tokenizer): {checkpoint}",
+            flush=True,
+        )
     seconds["setup"] = time.perf_counter() - t
 
     dataset = pipeline.DatasetConfig(
@@ -279,8 +313,7 @@ def quickstart(
     if metrics_path.exists():
         history = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
     notes = [
-        f"random {model_config.num_hidden_layers}-layer Qwen3 (hidden {model_config.hidden_size}) "
-        f"over the real Qwen3 vocabulary: scores measure the pipeline, not a model",
+        model_text,
         f"{before['tasks']} tasks of pau/{dataset_config} {eval_split}; judge and coder: the base "
         "checkpoint in both evaluations; 'after' adds the AAC LoRA adapter to the agent only",
     ]
@@ -309,6 +342,7 @@ def quickstart(
         return out_
 
     summary = {
+        "model": model_text,
         "self_graded": bool(before["grading"]["self_graded"]),
         "tasks": before["tasks"],
         "before": headline(before),
@@ -329,7 +363,10 @@ def quickstart(
         | {"total": round(time.perf_counter() - started, 1)},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print("\n[quickstart] summary (random weights: the numbers show the pipeline works)")
+    if real:
+        print(f"\n[quickstart] summary ({model_text}; self-graded)")
+    else:
+        print("\n[quickstart] summary (random weights: the numbers show the pipeline works)")
     for mode in modes:
         b, a = summary["before"][mode], summary["after"][mode]
         print(
