@@ -26,6 +26,9 @@ CONFIG_MODULES = (
     "pau_jax.sft.trainer",
     "pau_jax.evaluation.pipeline",
     "pau_jax.parallel",
+    "pau_jax.evaluation.memory",  # MemoryConfig (the memory baseline)
+    "pau_jax.policy.embeddings",  # LocalEmbeddingConfig, HTTPEmbeddingConfig
+    "pau_jax.sft.finetune",  # FineTuneConfig (the ft baseline)
 )
 
 # Functions chosen by reference in gin files (`advantage_fn = @pau_jax.rl.credit.return_to_go`).
@@ -34,6 +37,7 @@ FUNCTIONS = (
     ("pau_jax.rl.credit", "return_to_go"),
     ("pau_jax.rl.credit", "final_only"),
     ("pau_jax.rl.credit", "last_step_broadcast"),
+    ("pau_jax.sft.finetune", "train_adapter"),  # evaluate.fine_tune_fn of the ft baseline
 )
 
 # Run mode -> (module, function): the entry functions gin binds as `pau_jax.experiment.<name>`.

@@ -220,6 +220,39 @@ def test_evaluate_a_served_model(tmp_path, data_dir, checkpoint):
     assert metrics["backend_failures"] == {"policy": 0, "judge": 0, "coder": 0}
 
 
+def test_baselines_and_compare(tmp_path):
+    memory, ft, gold, compare = readme_commands("Baselines and the cross-model table")
+    expected = {
+        memory: "evaluate.modes = ('interactive', 'memory')",
+        ft: "evaluate.modes = ('in_context', 'ft')",
+        gold: "evaluate.modes = ('gold',)",
+    }
+    for command, modes in expected.items():
+        config = _parse(_argv(command))
+        assert modes in config and "run_mode = 'eval'" in config, command
+        assert "CODER = @coder/pau_jax.evaluation.pipeline.LocalBackendConfig()" in config
+    # compare for real, on two tiny evaluations (scripted agent, judge and coder; demo tasks).
+    program = "python -m pau_jax.evaluation.compare"
+    args = _argv(compare, program)
+    out = args[args.index("--out") + 1]
+    runs = [a for a in args if a.startswith("runs/") and a != out]
+    assert len(runs) == 4 and out == "runs/compare"
+    for run in runs[:2]:
+        _launch(
+            ["--gin_file=eval/interactive.gin", "--gin_file=debug/eval_tiny.gin",
+             "--gin.pau_jax.experiment.evaluate.bootstrap_resamples=200", f"--run_dir={run}"],
+            cwd=tmp_path,
+        )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pau_jax.evaluation.compare", *runs[:2], "--out", "runs/compare",
+         "--resamples", "200"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (tmp_path / "runs" / "compare" / "report.md").read_text()
+    assert "eval-qwen3-8b-both" in report and "memory-qwen3-8b" in report
+
+
 def test_aac_on_accelerators(tmp_path):
     memory, local, tpu, slurm = readme_commands("AAC on GPUs or TPUs with a real checkpoint")
     estimate = subprocess.run(
@@ -309,7 +342,7 @@ def test_reproducing_commands_parse(tmp_path):
     assert ran.returncode == 0, ran.stderr
     commands = [c.split("\0")[:-1] for c in record.read_text().split("\n\0") if c]
     launches = [c[2:] for c in commands if c[:2] == ["-m", "pau_jax.launch"]]
-    assert len(launches) == 8, len(launches)
+    assert len(launches) == 11, len(launches)
     for args in launches:
         config = _parse(args)
         assert "CHECKPOINT = '/ckpt/Qwen3-1.7B'" in config or "HTTPBackendConfig()" in config

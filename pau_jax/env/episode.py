@@ -86,12 +86,29 @@ class EpisodeConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Task:
-    """What the agent is told about a function (the code stays with the executor)."""
+    """What the agent is told about a function (the code stays with the executor).
+
+    The last three fields start an episode from an earlier one (the memory
+    baseline); left empty, the prompts are exactly those of a fresh episode.
+
+    Attributes:
+      task_id: the dataset's id of the function.
+      header: the anonymised signature.
+      n_params: number of arguments.
+      examples: the shown examples.
+      initial_hypothesis: the hypothesis the episode starts from.
+      prior_observations: calls of an earlier episode, shown in every prompt
+        (they use none of this episode's budget).
+      critique: advice shown in every conceptualisation prompt.
+    """
 
     task_id: str
     header: str
     n_params: int
     examples: tuple[prompts.Observation, ...]
+    initial_hypothesis: str = ""
+    prior_observations: tuple[prompts.Observation, ...] = ()
+    critique: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -163,7 +180,7 @@ def literal_call(args_text: str) -> str:
 
 def start(task: Task, config: EpisodeConfig) -> EpisodeState:
     del config  # The initial state does not depend on the protocol constants.
-    return EpisodeState(task=task)
+    return EpisodeState(task=task, hypothesis=task.initial_hypothesis)
 
 
 # Offset of the first GENERATE phase from each phase of the CONCEPTUALIZE -> GENERATE -> REVISE cycle.
@@ -191,8 +208,14 @@ def calls_left(state: EpisodeState, config: EpisodeConfig) -> int:
 
 
 def view(state: EpisodeState, config: EpisodeConfig) -> prompts.EpisodeView:
-    """What the prompt of the current phase may show."""
+    """What the prompt of the current phase may show.
+
+    A window that includes the examples runs over the examples, then the prior
+    observations of an earlier episode, then this episode's calls (the order in
+    which they were made).
+    """
     examples, observations = state.task.examples, state.observations
+    prior = state.task.prior_observations
     newest = ""
     if state.phase is Phase.REVISE and not config.reflection_sees_newest and observations:
         last = observations[-1]
@@ -201,9 +224,13 @@ def view(state: EpisodeState, config: EpisodeConfig) -> prompts.EpisodeView:
         observations = observations[:-1]
     window = config.history_window
     if window is not None and config.window_includes_examples:
-        shown = (examples + observations)[-window:]
-        kept = max(len(shown) - len(observations), 0)
-        examples, observations = examples[len(examples) - kept :], shown[kept:]
+        shown = (examples + prior + observations)[-window:]
+        n_calls = min(len(observations), len(shown))
+        n_prior = min(len(prior), len(shown) - n_calls)
+        n_examples = len(shown) - n_calls - n_prior
+        examples = examples[len(examples) - n_examples :]
+        prior = prior[len(prior) - n_prior :]
+        observations = observations[len(observations) - n_calls :]
     elif window is not None:
         observations = observations[-window:]
     return prompts.EpisodeView(
@@ -214,6 +241,8 @@ def view(state: EpisodeState, config: EpisodeConfig) -> prompts.EpisodeView:
         reasoning=state.reasoning if state.phase is Phase.GENERATE else "",
         calls_left=calls_left(state, config),
         newest_call=newest,
+        prior_observations=prior,
+        critique=state.task.critique if state.phase is Phase.CONCEPTUALIZE else "",
     )
 
 

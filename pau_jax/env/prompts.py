@@ -39,6 +39,10 @@ class EpisodeView:
       calls_left: calls the agent can still make.
       newest_call: the newest call shown without its result ('' when the newest
         result is shown with the other observations).
+      prior_observations: calls of an earlier episode on the same function (the
+        memory baseline's second attempt); () shows no such section.
+      critique: advice from critiques of earlier episodes, shown in the
+        conceptualisation prompt only ('' shows none).
     """
 
     header: str
@@ -48,6 +52,8 @@ class EpisodeView:
     reasoning: str = ""
     calls_left: int = 0
     newest_call: str = ""
+    prior_observations: tuple[Observation, ...] = ()
+    critique: str = ""
 
 
 def _format_observations(items: tuple[Observation, ...], empty: str = "(none yet)") -> str:
@@ -55,8 +61,13 @@ def _format_observations(items: tuple[Observation, ...], empty: str = "(none yet
 
 
 def _context(view: EpisodeView) -> str:
-    parts = [
-        f"Function header:\n{view.header}",
+    parts = [f"Function header:\n{view.header}"]
+    if view.prior_observations:
+        parts.append(
+            "Calls you made in an earlier attempt on this function:\n"
+            + _format_observations(view.prior_observations)
+        )
+    parts += [
         f"Examples given to you:\n{_format_observations(view.examples, '(no longer shown)')}",
         f"Your calls so far:\n{_format_observations(view.observations)}",
     ]
@@ -70,9 +81,14 @@ def _context(view: EpisodeView) -> str:
 
 
 def conceptualize_messages(view: EpisodeView) -> list[dict]:
-    """Phase 1: reason about the most informative next input."""
+    """Phase 1: reason about the most informative next input (after the critique, if any)."""
+    advice = ""
+    if view.critique:
+        advice = (
+            f"Lessons from your earlier explorations of similar functions:\n{view.critique}\n\n"
+        )
     user = (
-        f"{_context(view)}\n\n"
+        f"{_context(view)}\n\n{advice}"
         "Think about which input would be most informative next: one whose output "
         "could confirm or refute the current hypothesis, or reveal behaviour you have "
         "not seen. Explain your reasoning briefly and end by describing the input you "

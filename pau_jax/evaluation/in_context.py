@@ -24,15 +24,42 @@ def messages(task) -> list[dict]:
     return prompts.in_context_messages(view)
 
 
-def in_context_record(task, text: str, *, seconds: float) -> dict:
-    """The record of one answer; `stopped_by_agent` is None (the mode has no stop decision)."""
+def training_pairs(specs, references) -> list[dict]:
+    """The ft baseline's training pairs: in-context prompt -> `Description: <gold description>`.
+
+    Args:
+      specs: `runner.EpisodeSpec`s of a train split.
+      references: task id -> `score.Reference` (its gold description).
+
+    Returns:
+      One dict per task with a gold description: `id` (the task id), `messages`
+      (the in-context prompt) and `completion` (the answer to learn, in the format
+      `parse.parse_description` reads).
+    """
+    return [
+        {
+            "id": spec.task.task_id,
+            "messages": messages(spec.task),
+            "completion": f"Description: {references[spec.task.task_id].description}",
+        }
+        for spec in specs
+        if references[spec.task.task_id].description
+    ]
+
+
+def in_context_record(task, text: str, *, seconds: float, mode: str = "in_context") -> dict:
+    """The record of one answer; `stopped_by_agent` is None (the mode has no stop decision).
+
+    `mode` names the run ('ft' for the fine-tuned baseline); it is the record's
+    `mode` and `finish_reason`.
+    """
     description = parse.parse_description(text)
     return {
         "task_id": task.task_id,
         "header": task.header,
-        "mode": "in_context",
+        "mode": mode,
         "prediction": description,
-        "finish_reason": "in_context",
+        "finish_reason": mode,
         "stopped_by_agent": None,
         "n_calls": 0,
         "n_steps": 1,
@@ -67,6 +94,7 @@ def run_in_context(
     out_path: str | os.PathLike | None = None,
     batch_size: int | None = None,
     progress: bool = True,
+    mode: str = "in_context",
 ) -> list[dict]:
     """Asks for a description of every task; returns the records made now.
 
@@ -76,6 +104,7 @@ def run_in_context(
       out_path: JSONL file; tasks already in it are skipped, new records appended.
       batch_size: tasks per policy call; None puts all pending tasks in one call.
       progress: print a progress line to stderr.
+      mode: the records' `mode` ('in_context'; 'ft' for the fine-tuned baseline).
     """
     ids = [s.task.task_id for s in specs]
     if len(set(ids)) != len(ids):
@@ -95,7 +124,10 @@ def run_in_context(
         t0 = time.perf_counter()
         texts = policy([messages(t) for t in chunk])
         seconds = (time.perf_counter() - t0) / len(chunk)
-        made = [in_context_record(t, x, seconds=seconds) for t, x in zip(chunk, texts, strict=True)]
+        made = [
+            in_context_record(t, x, seconds=seconds, mode=mode)
+            for t, x in zip(chunk, texts, strict=True)
+        ]
         if path is not None:
             with path.open("a") as f:
                 f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in made)
@@ -103,5 +135,6 @@ def run_in_context(
                 os.fsync(f.fileno())
         records += made
         if progress:
-            print(f"in-context {len(records)}/{len(pending)}", file=sys.stderr, flush=True)
+            label = "in-context" if mode == "in_context" else mode
+            print(f"{label} {len(records)}/{len(pending)}", file=sys.stderr, flush=True)
     return records

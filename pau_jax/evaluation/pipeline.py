@@ -14,25 +14,46 @@ asked for explicitly with `judge='self'` / `coder='self'`; such a run is marked
 "self-graded" at the top of `report.md` and in `metrics.json` (`grading`). A
 seat that is the agent's own checkpoint or endpoint counts as self-graded too.
 
-Written into `run_dir`, per run name (`interactive`, `in_context`, and
-`<mode>+observations` for the coder variant that sees the observed calls):
-`<mode>_episodes.jsonl` (resumable), `<run>_scored.jsonl` (resumable),
-`metrics.json`, `report.md` and PNG plots.
+Modes: `interactive` and `in_context` (the paper's two), and the baselines
+`memory` (a second interactive episode informed by critiques of retrieved train
+functions; `memory.py`), `ft` (in-context with a LoRA adapter fine-tuned on the
+train split's in-context prompt -> gold description pairs, by the injected
+`fine_tune_fn`) and `gold` (the coder's code from the gold description and the
+shown examples: the upper bound of code match; `gold.py`).
+
+Written into `run_dir`, per run name (the mode, and `<mode>+observations` for the
+coder variant that sees the observed calls): `<mode>_episodes.jsonl`
+(resumable), `<run>_scored.jsonl` (resumable), `metrics.json`, `report.md` and
+PNG plots; `memory/` and `ft/` hold the baselines' intermediate files.
 """
 
 import dataclasses
+import itertools
 import json
 import pathlib
 import time
 from collections.abc import Sequence
 
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.evaluation import failure_modes, in_context, metrics, report, runner, score, stats
+from pau_jax.evaluation import (
+    failure_modes,
+    gold,
+    in_context,
+    metrics,
+    report,
+    runner,
+    score,
+    stats,
+)
+from pau_jax.evaluation import memory as memory_lib
 from pau_jax.evaluation import tasks as tasks_lib
+from pau_jax.policy import embeddings
 from pau_jax.policy.http import HTTPConfig
 from pau_jax.policy.local import SamplingConfig
 
-MODES = ("interactive", "in_context")
+MODES = ("interactive", "in_context", "memory", "ft", "gold")
+# Paired comparisons written to metrics.json when both runs are present: (a, b) -> "a vs b".
+PAIRED = (("interactive", "in_context"), ("memory", "interactive"), ("ft", "in_context"))
 SELF = "self"
 SELF_GRADED_BANNER = (
     "**Self-graded**: the judge and/or the coder is the evaluated model itself, not the "
@@ -244,6 +265,19 @@ def _load_tasks(dataset, executor, config: EpisodeConfig):
     raise TypeError(f"dataset must be a DatasetConfig or DemoTasksConfig, got {dataset!r}")
 
 
+def _gold_summary(summaries: dict) -> dict:
+    """The gold run's code match and every other run's code match as a share of it."""
+    g = summaries.get("gold", {}).get("code_match", {}).get("mean")
+    if g is None:
+        return {}
+    shares = {
+        name: s["code_match"]["mean"] / g
+        for name, s in summaries.items()
+        if name != "gold" and s["code_match"]["mean"] is not None and g > 0
+    }
+    return {"code_match_mean": g, "share_of_gold": shares}
+
+
 def _interval(values, seed: int, resamples: int) -> dict | None:
     if not values:
         return None
@@ -282,6 +316,7 @@ def _score_run(
 ) -> list[dict]:
     """Scores the records not yet in `path` in chunks (appending each), returns all scored ones."""
     done = runner.finished_ids(path) if path.exists() else set()
+    runner.drop_torn_tail(path)  # a line cut by a crash must not swallow the next record
     pending = [r for r in records if r["task_id"] not in done]
     golds = {t: ref.description for t, ref in references.items()}
     for start in range(0, len(pending), batch_size):
@@ -315,6 +350,47 @@ def _score_run(
     return [r for r in runner.load_records(path) if r["task_id"] in wanted]
 
 
+def _train_dataset(dataset, train_dataset):
+    """The train split the memory and ft baselines learn from."""
+    if train_dataset is not None:
+        return train_dataset
+    if isinstance(dataset, DatasetConfig):
+        return dataclasses.replace(dataset, split="train", limit=None)
+    raise ValueError(
+        "the memory and ft modes need the train split of the pau dataset: evaluate a "
+        "DatasetConfig, or set train_dataset=DatasetConfig(split='train', ...)"
+    )
+
+
+def _check_baselines(modes, *, policy, memory, fine_tune_fn, dataset, train_dataset) -> None:
+    """Refuses, before anything runs, a baseline mode whose requirements are missing."""
+    if "memory" in modes:
+        if "interactive" not in modes or modes.index("interactive") > modes.index("memory"):
+            raise ValueError(
+                "the memory mode starts from the interactive run: use "
+                "modes=('interactive', 'memory') (interactive first)"
+            )
+        if memory is None or memory.embedder is None:
+            raise ValueError(
+                "the memory mode needs an embedder: memory=MemoryConfig(embedder="
+                "LocalEmbeddingConfig(checkpoint_dir=...) or HTTPEmbeddingConfig(...)) "
+                "(gin: eval/memory.gin and --gin.EMBEDDING_CHECKPOINT=...)"
+            )
+    if "ft" in modes:
+        if fine_tune_fn is None:
+            raise ValueError(
+                "the ft mode needs fine_tune_fn (gin: eval/ft.gin binds "
+                "@pau_jax.sft.finetune.train_adapter)"
+            )
+        if not isinstance(policy, LocalBackendConfig) or policy.adapter_dir:
+            raise ValueError(
+                "the ft mode fine-tunes a fresh LoRA on a local checkpoint: the agent must be a "
+                "LocalBackendConfig without adapter_dir"
+            )
+    if "memory" in modes or "ft" in modes:
+        _train_dataset(dataset, train_dataset)
+
+
 def evaluate(
     *,
     run_dir: str,
@@ -337,6 +413,9 @@ def evaluate(
     bootstrap_seed: int = 0,
     bootstrap_resamples: int = 10_000,
     title: str = "PAU evaluation",
+    memory: memory_lib.MemoryConfig | None = None,
+    fine_tune_fn=None,
+    train_dataset=None,
 ) -> dict:
     """Runs the PAU protocol and writes episodes, scores, metrics and a report into `run_dir`.
 
@@ -344,7 +423,8 @@ def evaluate(
       run_dir: output folder (a rerun with the same folder resumes).
       policy: the agent's backend (a `*BackendConfig` of this module).
       dataset: `DatasetConfig` (a built TFDS split) or `DemoTasksConfig`.
-      modes: any of 'interactive' and 'in_context'.
+      modes: any of 'interactive', 'in_context', 'memory' (after 'interactive'),
+        'ft' and 'gold', run in this order.
       judge: the judge's backend (required), or 'self' for the agent's own model.
       coder: the coder's backend (required), or 'self' for the agent's own model.
       episode_config: the protocol constants (budget, history window, display).
@@ -361,30 +441,51 @@ def evaluate(
       score_batch_size: episodes per judge/coder call (each chunk is saved).
       bootstrap_seed, bootstrap_resamples: the confidence intervals and paired tests.
       title: heading of report.md.
+      memory: the memory baseline's settings (its embedder is required for 'memory').
+      fine_tune_fn: for 'ft': called as `fine_tune_fn(checkpoint_dir=, out_dir=, pairs=,
+        dtype=, tokenizer=)` with the train pairs of `in_context.training_pairs`; returns the folder of the
+        trained PEFT adapter (gin: `@pau_jax.sft.finetune.train_adapter`).
+      train_dataset: the train split for 'memory' and 'ft'; default: `dataset` with
+        split 'train' and no limit.
 
     Returns:
       The metrics written to metrics.json.
     """
     from pau_jax.sandbox import Executor
 
+    modes = tuple(modes)
     bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise ValueError(f"modes must be a non-empty subset of {MODES}, got {tuple(modes)}")
+    if bad or not modes or len(set(modes)) != len(modes):
+        raise ValueError(f"modes must be a non-empty subset of {MODES}, got {modes}")
     if not coder_observations or len(set(coder_observations)) != len(coder_observations):
         raise ValueError(
             f"coder_observations must be (False,), (True,) or both, got {coder_observations}"
         )
-    judge_backend, judge_self = resolve_seat("judge", judge, policy)
+    _check_baselines(
+        modes,
+        policy=policy,
+        memory=memory,
+        fine_tune_fn=fine_tune_fn,
+        dataset=dataset,
+        train_dataset=train_dataset,
+    )
+    agent_modes = [m for m in modes if m != "gold"]  # the gold mode needs the coder only
+    judge_backend, judge_self, judge_text = None, False, "not used (gold mode only)"
+    if agent_modes:
+        judge_backend, judge_self = resolve_seat("judge", judge, policy)
+        judge_text = (
+            "self (the evaluated model)" if judge_self else _describe_backend(judge_backend)
+        )
     coder_backend, coder_self = resolve_seat("coder", coder, policy)
     grading = {
-        "judge": "self (the evaluated model)" if judge_self else _describe_backend(judge_backend),
+        "judge": judge_text,
         "coder": "self (the evaluated model)" if coder_self else _describe_backend(coder_backend),
         "self_graded": judge_self or coder_self,
     }
     out = pathlib.Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    runs, failures = {}, {}
+    runs, failures, baselines = {}, {}, {}
     with Executor(workers=sandbox_workers) as executor:
         specs, references = _load_tasks(dataset, executor, episode_config)
         if not specs:
@@ -393,13 +494,87 @@ def evaluate(
         if grading["self_graded"]:
             print("[eval] SELF-GRADED: the judge or the coder is the evaluated model", flush=True)
         backends = _Backends(specs)
-        agent = backends.build(policy)
-        judge_policy = agent if judge == SELF else backends.build(judge_backend)
+        agent = backends.build(policy) if agent_modes or coder == SELF else None
+        judge_policy = None
+        if agent_modes:
+            judge_policy = agent if judge == SELF else backends.build(judge_backend)
         coder_policy = agent if coder == SELF else backends.build(coder_backend)
         ids = {s.task.task_id for s in specs}
+        train = None
+        if "memory" in modes or "ft" in modes:
+            train = _load_tasks(_train_dataset(dataset, train_dataset), executor, episode_config)
+            print(f"[eval] train split: {len(train[0])} tasks", flush=True)
         for mode in modes:
             episodes_path = out / f"{mode}_episodes.jsonl"
-            if mode == "interactive":
+            if mode == "gold":
+                records = gold.gold_records(specs, references)
+                gold_path = out / "gold_scored.jsonl"
+                missing = gold.record_missing(records, references, gold_path)
+                if missing:
+                    print(f"[eval] gold: {missing} tasks have no gold description", flush=True)
+                _score_run(
+                    [r for r in records if r["prediction"]],
+                    references,
+                    gold_path,
+                    judge_policy=None,
+                    coder_policy=coder_policy,
+                    executor=executor,
+                    with_observations=True,
+                    judged=None,
+                    attribute=False,
+                    low_code_match=low_code_match,
+                    low_judge_score=low_judge_score,
+                    batch_size=score_batch_size,
+                    timeout_s=score_timeout_s,
+                )
+                runs["gold"] = [r for r in runner.load_records(gold_path) if r["task_id"] in ids]
+                continue
+            if mode == "memory":
+                first = {
+                    r["task_id"]: r
+                    for r in runner.load_records(out / "interactive_episodes.jsonl")
+                    if r["task_id"] in ids
+                }
+                memory_lib.run_memory(
+                    specs=specs,
+                    first_records=first,
+                    train_specs=train[0],
+                    train_references=train[1],
+                    agent=agent,
+                    embedder=embeddings.LazyEmbedder(memory.embedder),
+                    embedder_name=embeddings.describe(memory.embedder),
+                    executor=executor,
+                    episode_config=episode_config,
+                    config=memory,
+                    run_dir=out,
+                    call_timeout_s=call_timeout_s,
+                    max_parallel_calls=max_parallel_calls,
+                )
+                baselines["memory"] = {
+                    "embedder": embeddings.describe(memory.embedder),
+                    "top_k": memory.top_k,
+                    "train_tasks": len(train[0]),
+                }
+            elif mode == "ft":
+                pairs = in_context.training_pairs(*train)
+                print(f"[eval] ft: fine-tuning on {len(pairs)} train pairs", flush=True)
+                adapter = fine_tune_fn(
+                    checkpoint_dir=policy.checkpoint_dir,
+                    out_dir=str(out / "ft"),
+                    pairs=pairs,
+                    dtype=policy.dtype,
+                    tokenizer=policy.tokenizer,
+                )
+                ft_agent = backends.build(dataclasses.replace(policy, adapter_dir=str(adapter)))
+                in_context.run_in_context(
+                    specs,
+                    ft_agent,
+                    out_path=episodes_path,
+                    batch_size=in_context_batch_size,
+                    mode="ft",
+                )
+                baselines["ft"] = {"adapter": str(adapter), "train_pairs": len(pairs)}
+            elif mode == "interactive":
                 runner.run_episodes(
                     specs,
                     # Reply objects (token counts, finish reasons) when the backend has them:
@@ -451,8 +626,8 @@ def evaluate(
         ivs["judge"] = _interval(judged_scores, seed, n_boot)
         intervals[name] = {k: v for k, v in ivs.items() if v is not None}
     comparisons, ensembles = {}, {}
-    for suffix in ("", "+observations"):
-        a, b = runs.get("interactive" + suffix), runs.get("in_context" + suffix)
+    for (first, second), suffix in itertools.product(PAIRED, ("", "+observations")):
+        a, b = runs.get(first + suffix), runs.get(second + suffix)
         if a is None or b is None:
             continue
         by_a = {r["task_id"]: r for r in a}
@@ -460,9 +635,15 @@ def evaluate(
         pair = {
             key: _comparison(by_a, by_b, key, seed, n_boot) for key in ("code_match", "judge_score")
         }
-        comparisons[f"interactive{suffix} vs in_context{suffix}"] = {
+        comparisons[f"{first}{suffix} vs {second}{suffix}"] = {
             k: v for k, v in pair.items() if v is not None
         }
+    for suffix in ("", "+observations"):
+        a, b = runs.get("interactive" + suffix), runs.get("in_context" + suffix)
+        if a is None or b is None:
+            continue
+        by_a = {r["task_id"]: r for r in a}
+        by_b = {r["task_id"]: r for r in b}
         best = stats.max_ensemble(
             {
                 "interactive": {t: r["code_match"] for t, r in by_a.items()},
@@ -473,13 +654,18 @@ def evaluate(
             "code_match_mean": sum(best.values()) / len(best),
             "n": len(best),
         }
+    gold_summary = _gold_summary(summaries)
     result = {
         "grading": grading,
+        "agent": _describe_backend(policy),
+        "modes": list(modes),
         "tasks": len(specs),
         "runs": summaries,
         "intervals": intervals,
         "comparisons": comparisons,
         "max_ensemble": ensembles,
+        "gold": gold_summary,
+        "baselines": baselines,
         "backend_failures": failures,
         "bootstrap": {"seed": seed, "resamples": n_boot},
         "episode_config": dataclasses.asdict(episode_config),
@@ -489,6 +675,17 @@ def evaluate(
     notes = [f"{len(specs)} tasks; call budget {episode_config.call_budget}"]
     notes += [f"judge: {grading['judge']}; coder: {grading['coder']}"]
     notes += [f"{k}: code match mean {v['code_match_mean']:.3f}" for k, v in ensembles.items()]
+    if "gold" in runs and not gold_summary:
+        notes += ["gold: no task has a gold description to write code from"]
+    if gold_summary:
+        shares = ", ".join(
+            f"{name} {share:.0%}" for name, share in gold_summary["share_of_gold"].items()
+        )
+        notes += [
+            f"gold (code from the gold description and the shown examples; the upper bound of "
+            f"code match with this coder): {gold_summary['code_match_mean']:.3f}"
+            + (f"; each run's code match as a share of it: {shares}" if shares else "")
+        ]
     notes += [f"{seat} backend: {n} failed requests" for seat, n in failures.items() if n]
     path = report.write_report(
         out,
@@ -502,8 +699,9 @@ def evaluate(
     for name, s in summaries.items():
         j, c = s["judge"], s["code_match"]
         judge_text = f"{j['mean']:.2f}" if j["mean"] is not None else "n/a"
+        code_text = f"{c['mean']:.3f}" if c["mean"] is not None else "n/a"
         print(
-            f"[eval] {name}: episodes={s['episodes']} code_match={c['mean']:.3f} "
+            f"[eval] {name}: episodes={s['episodes']} code_match={code_text} "
             f"judge={judge_text} (unparsed {j['unparsed']}) calls={s['calls']['mean']:.1f}",
             flush=True,
         )

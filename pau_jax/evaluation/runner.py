@@ -90,6 +90,9 @@ def episode_record(
       episode_id: the episode's id (default: its task id).
       replies: per step, the policy's reply; reply objects add their finish
         reason and token counts to the step.
+
+    An episode whose task carries an initial hypothesis, prior observations or a
+    critique records them (`initial_hypothesis`, `prior_observations`, `critique`).
     """
     steps = [
         {
@@ -120,6 +123,13 @@ def episode_record(
         "steps": steps,
         "seconds": seconds,
     }
+    task = state.task  # An episode started from an earlier one (the memory baseline) says so.
+    if task.initial_hypothesis:
+        record["initial_hypothesis"] = task.initial_hypothesis
+    if task.prior_observations:
+        record["prior_observations"] = [dataclasses.asdict(o) for o in task.prior_observations]
+    if task.critique:
+        record["critique"] = task.critique
     record.update(extra or {})
     return record
 
@@ -146,7 +156,7 @@ def finished_ids(path: str | os.PathLike) -> set[str]:
     return done
 
 
-def _drop_torn_tail(path: pathlib.Path) -> None:
+def drop_torn_tail(path: pathlib.Path) -> None:
     """Cuts a last line left without its newline by a crash, so appends start clean."""
     if not path.exists():
         return
@@ -198,7 +208,7 @@ def run_episode_states(
     skip = finished_ids(path) if path is not None else set()
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _drop_torn_tail(path)
+        drop_torn_tail(path)
     by_id = {s.episode_id: s for s in specs}
     active = {
         s.episode_id: episode.start(s.task, config) for s in specs if s.episode_id not in skip

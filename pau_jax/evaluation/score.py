@@ -57,7 +57,8 @@ def score_episodes(
     Args:
       judge_policy: the judge; None skips judging (every record `judge_skipped`).
       with_observations: give the coder the shown examples and the episode's
-        observed calls too (the "description + examples" variant).
+        observed calls too (the "description + examples" variant; an episode
+        started from an earlier one adds that one's calls first).
     """
     missing = [r["task_id"] for r in records if r["task_id"] not in references]
     if missing:
@@ -77,8 +78,9 @@ def score_episodes(
     coder_prompts = []
     for r in records:
         ref = references[r["task_id"]]
+        observed = list(r.get("prior_observations", ())) + list(r["observations"])
         shown = (
-            list(ref.examples) + [f"{o['call']} -> {o['result']}" for o in r["observations"]]
+            list(ref.examples) + [f"{o['call']} -> {o['result']}" for o in observed]
             if with_observations
             else []
         )

@@ -1,15 +1,19 @@
-"""An OpenAI-compatible HTTP server over a local JAX policy, batching concurrent requests.
+"""An OpenAI-compatible HTTP server over a local JAX policy and embedder, batching concurrent requests.
 
-Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (non-streaming, `n = 1`).
+Endpoints: `GET /v1/models`, `POST /v1/chat/completions` (non-streaming, `n = 1`) and,
+when the server has an embedder, `POST /v1/embeddings` (`input` a string or a list of
+strings; float vectors of unit norm, last-token pooled as Qwen3-Embedding).
 Requests arriving together are answered by one sampler call: a single batching
 thread drains the queue (up to `max_batch` requests, waiting at most
 `batch_wait_s` for more), groups them by sampling parameters, and runs each
 group as one batch. Requests that differ only in `repetition_penalty` (an extra
 parameter, as in vLLM and SGLang; Hugging Face semantics, > 0, 1 for none) share a
 batch, each row with its own penalty. Any client of the OpenAI chat API can then
-use a local model as judge, coder, teacher or policy.
+use a local model as judge, coder, teacher or policy, and any client of the
+embeddings API (e.g. `policy.embeddings.HTTPEmbedder`) a local embedding model.
 
-    server = PolicyServer(local_policy, model_name="qwen3-local")
+    server = PolicyServer(local_policy, model_name="qwen3-local",
+                          embedder=local_embedder, embedding_model_name="qwen3-embedding")
     server.start()            # binds 127.0.0.1 on a free port unless `port` is given
     print(server.base_url)    # http://127.0.0.1:PORT/v1
     ...
@@ -27,6 +31,8 @@ import uuid
 
 from pau_jax.policy.local import LocalPolicy
 
+MAX_EMBEDDING_INPUTS = 2048
+
 
 @dataclasses.dataclass
 class _Pending:
@@ -38,21 +44,39 @@ class _Pending:
 
 
 class PolicyServer:
-    """Serves a `LocalPolicy` over HTTP on a loopback address (see module docstring)."""
+    """Serves a `LocalPolicy` and/or a `LocalEmbedder` over HTTP on a loopback address.
+
+    Args:
+      policy: the chat model; None serves embeddings only (chat requests get a 404).
+      model_name: the chat model's name in `/v1/models` and responses.
+      embedder: a `policy.embeddings.LocalEmbedder` (`encode`, `embed_ids`); None
+        answers `/v1/embeddings` with a 404.
+      embedding_model_name: the embedder's name (default: `model_name`).
+      host, port: where to listen (port 0: a free one).
+      max_batch, batch_wait_s: chat batching (see module docstring).
+      max_tokens_limit: the largest `max_tokens` a chat request may ask for.
+    """
 
     def __init__(
         self,
-        policy: LocalPolicy,
+        policy: LocalPolicy | None,
         *,
         model_name: str,
+        embedder=None,
+        embedding_model_name: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         max_batch: int = 16,
         batch_wait_s: float = 0.02,
         max_tokens_limit: int = 4096,
     ):
+        if policy is None and embedder is None:
+            raise ValueError("PolicyServer needs a policy, an embedder, or both")
         self.policy = policy
         self.model_name = model_name
+        self.embedder = embedder
+        self.embedding_model_name = embedding_model_name or model_name
+        self._embed_lock = threading.Lock()
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
         self.max_tokens_limit = max_tokens_limit
@@ -163,7 +187,46 @@ class PolicyServer:
             seed=int(body.get("seed", base.seed)),
         )
 
+    def _embeddings(self, body: dict) -> tuple[int, dict]:
+        if self.embedder is None:
+            return 404, _error("this server has no embedding model")
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if (
+            not isinstance(texts, list)
+            or not texts
+            or not all(isinstance(t, str) and t for t in texts)
+        ):
+            return 400, _error("input must be a non-empty string or a list of non-empty strings")
+        if len(texts) > MAX_EMBEDDING_INPUTS:
+            return 400, _error(f"at most {MAX_EMBEDDING_INPUTS} inputs per request")
+        if body.get("encoding_format", "float") != "float":
+            return 400, _error("only encoding_format 'float' is supported")
+        if body.get("dimensions") is not None:
+            return 400, _error("dimensions is not supported; the model's full vectors are returned")
+        try:
+            with self._embed_lock:
+                ids = self.embedder.encode(texts)
+                vectors = self.embedder.embed_ids(ids)
+        except ValueError as e:
+            return 400, _error(str(e))
+        except Exception as e:  # noqa: BLE001 - reported to the client as a 500.
+            return 500, _error(f"{type(e).__name__}: {e}", kind="server_error")
+        tokens = sum(len(row) for row in ids)
+        return 200, {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": [float(x) for x in v]}
+                for i, v in enumerate(vectors)
+            ],
+            "model": self.embedding_model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
     def _complete(self, body: dict) -> tuple[int, dict]:
+        if self.policy is None:
+            return 404, _error("this server has no chat model; it serves /v1/embeddings only")
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("content"), str) and "role" in m
@@ -218,13 +281,24 @@ class PolicyServer:
 
             def do_GET(self):  # noqa: N802 - name fixed by http.server.
                 if self.path.rstrip("/") == "/v1/models":
-                    model = {"id": server.model_name, "object": "model", "owned_by": "pau_jax"}
-                    self._send(200, {"object": "list", "data": [model]})
+                    names = [server.model_name] if server.policy is not None else []
+                    if server.embedder is not None:
+                        names.append(server.embedding_model_name)
+                    models = [
+                        {"id": n, "object": "model", "owned_by": "pau_jax"}
+                        for n in dict.fromkeys(names)
+                    ]
+                    self._send(200, {"object": "list", "data": models})
                 else:
                     self._send(404, _error(f"no route {self.path}"))
 
             def do_POST(self):  # noqa: N802 - name fixed by http.server.
-                if self.path.rstrip("/") != "/v1/chat/completions":
+                routes = {
+                    "/v1/chat/completions": server._complete,
+                    "/v1/embeddings": server._embeddings,
+                }
+                route = routes.get(self.path.rstrip("/"))
+                if route is None:
                     self._send(404, _error(f"no route {self.path}"))
                     return
                 length = int(self.headers.get("Content-Length") or 0)
@@ -236,7 +310,7 @@ class PolicyServer:
                 if not isinstance(body, dict):
                     self._send(400, _error("request body must be a JSON object"))
                     return
-                self._send(*server._complete(body))
+                self._send(*route(body))
 
         return Handler
 

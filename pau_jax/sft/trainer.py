@@ -186,6 +186,9 @@ def _update(graphdef, config: SFTConfig, base, state: TrainState, batch: Batch):
     return new_state, metrics
 
 
+_update_jitted = jax.jit(_update, static_argnums=(0, 1), donate_argnums=(3,))
+
+
 class SFTStep:
     """The compiled update ``sft_step(state, batch) -> (state, metrics)`` of one model.
 
@@ -194,14 +197,17 @@ class SFTStep:
     ``learner.init_state(model, config.learner_config())``) is donated.
 
     Attributes:
-      jitted: the ``jax.jit`` function ``(base, state, batch) -> (state, metrics)``.
+      jitted: ``(base, state, batch) -> (state, metrics)``: one ``jax.jit`` program
+        shared by every ``SFTStep`` of the same model structure and config (a
+        resumed or repeated fine-tuning in one process compiles once).
       base: the model's non-LoRA state (its own arrays).
     """
 
     def __init__(self, model: nnx.Module, config: SFTConfig):
         graphdef, _, self.base = learner.split_model(model)
         self.config = config
-        self.jitted = jax.jit(functools.partial(_update, graphdef, config), donate_argnums=(1,))
+        # One compiled program per (model structure, config), shared by every SFTStep.
+        self.jitted = functools.partial(_update_jitted, graphdef, config)
 
     def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         """One optimizer step on ``batch`` (its loss mask marks the tokens to imitate)."""

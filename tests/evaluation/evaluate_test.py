@@ -66,6 +66,7 @@ def test_demo_tasks_both_modes_and_resume(tmp_path, capsys):
     again = pipeline.evaluate(run_dir=str(tmp_path), **kwargs)
     assert _lines(episodes)[:3] == kept_episodes and len(_lines(episodes)) == 4
     assert _lines(scored)[:2] == kept_scores and len(_lines(scored)) == 4
+    assert len(pipeline.runner.load_records(scored)) == 4  # the torn line swallowed no record
     assert again["runs"]["interactive"]["code_match"]["mean"] == 1.0
 
 
@@ -343,14 +344,36 @@ def test_launch_eval_tiny_writes_every_artefact(tmp_path):
         ("eval/in_context.gin",),
         ("eval/interactive.gin", "debug/eval_tiny.gin"),
         ("eval/in_context.gin", "debug/eval_tiny.gin"),
+        ("eval/memory.gin",),
+        ("eval/ft.gin",),
+        ("eval/gold.gin",),
     ],
 )
 def test_eval_gin_files_parse(files, tmp_path):
     proc = launching.launch(*[f"--gin_file={f}" for f in files], "--dry_run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "run_defaults.run_mode = 'eval'" in proc.stdout
-    if files[0] == "eval/in_context.gin":
-        assert "evaluate.title = 'PAU evaluation (in-context)'" in proc.stdout
+    expected = {
+        "eval/in_context.gin": ["evaluate.title = 'PAU evaluation (in-context)'"],
+        "eval/memory.gin": [
+            "evaluate.modes = ('interactive', 'memory')",
+            "MemoryConfig.top_k = 5",
+            "LocalEmbeddingConfig.max_length = 1024",
+            "LocalEmbeddingConfig.batch_size = 32",
+            "train/DatasetConfig.split = 'train'",
+        ],
+        "eval/ft.gin": [
+            "evaluate.modes = ('in_context', 'ft')",
+            "evaluate.fine_tune_fn = @pau_jax.sft.finetune.train_adapter",
+            "ft/SFTConfig.learning_rate = 2e-05",
+            "ft/SFTConfig.epochs = 5",
+            "ft/SFTConfig.batch_size = 8",
+            "FineTuneConfig.patience = 3",
+        ],
+        "eval/gold.gin": ["evaluate.modes = ('gold',)"],
+    }
+    for line in expected.get(files[0], []):
+        assert line in proc.stdout, line
 
 
 def test_episode_calls_and_scoring_have_their_own_timeouts(tmp_path, monkeypatch):
