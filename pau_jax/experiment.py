@@ -139,6 +139,7 @@ def quickstart(
     manual_dir: str | None = None,
     eval_split: str = "test",
     eval_limit: int | None = None,
+    eval_sources: tuple[str, ...] | None = None,
     train_split: str = "train",
     modes: tuple[str, ...] = ("interactive", "in_context"),
     seed: int = 0,
@@ -178,6 +179,7 @@ def quickstart(
       dataset_config: builder config ('debug' builds in seconds from the builder's dummy data).
       manual_dir: source files for building a config other than 'debug'.
       eval_split, eval_limit: what is evaluated (limit: first N tasks by id; None all).
+      eval_sources: evaluate only items of these source benchmarks (None: all).
       train_split: what AAC trains on.
       modes: evaluation modes ('interactive', 'in_context').
       seed: seeds the random model, training and the bootstrap.
@@ -249,7 +251,11 @@ def quickstart(
     seconds["setup"] = time.perf_counter() - t
 
     dataset = pipeline.DatasetConfig(
-        config=dataset_config, split=eval_split, data_dir=data_dir, limit=eval_limit
+        config=dataset_config,
+        split=eval_split,
+        data_dir=data_dir,
+        limit=eval_limit,
+        sources=eval_sources,
     )
     base = pipeline.LocalBackendConfig(
         checkpoint_dir=str(checkpoint), sampling=judge_sampling, dtype=dtype

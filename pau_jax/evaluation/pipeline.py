@@ -76,7 +76,9 @@ class DatasetConfig:
       config: builder config ('default', 'debug').
       split: 'test' or 'train'.
       data_dir: the TFDS data_dir it was built into.
-      limit: evaluate the first `limit` items (by task id); None: all.
+      limit: evaluate the first `limit` items (by task id, after `sources`); None: all.
+      sources: keep only items of these source benchmarks ('humaneval', 'mbpp',
+        'cruxeval'); None: all.
       build_if_missing: build it into `data_dir` first when absent (from
         `manual_dir`, or the builder's dummy data for the debug config).
       manual_dir: folder of source files for `build_if_missing`.
@@ -86,6 +88,7 @@ class DatasetConfig:
     split: str = "test"
     data_dir: str = "~/tensorflow_datasets"
     limit: int | None = None
+    sources: tuple[str, ...] | None = None
     build_if_missing: bool = False
     manual_dir: str | None = None
 
@@ -258,9 +261,18 @@ def _load_tasks(dataset, executor, config: EpisodeConfig):
             tasks_lib.ensure_built(
                 dataset.data_dir, config=dataset.config, manual_dir=dataset.manual_dir
             )
-        records = tasks_lib.load_split(
-            dataset.config, dataset.split, dataset.data_dir, limit=dataset.limit
-        )
+        records = tasks_lib.load_split(dataset.config, dataset.split, dataset.data_dir)
+        if dataset.sources is not None:
+            known = {r.source for r in records}
+            unknown = sorted(set(dataset.sources) - known)
+            if unknown:
+                raise ValueError(
+                    f"sources {unknown} are not in pau/{dataset.config} {dataset.split} "
+                    f"(it has {sorted(known)})"
+                )
+            records = [r for r in records if r.source in dataset.sources]
+        if dataset.limit is not None:
+            records = records[: dataset.limit]
         return tasks_lib.from_records(records, config)
     raise TypeError(f"dataset must be a DatasetConfig or DemoTasksConfig, got {dataset!r}")
 

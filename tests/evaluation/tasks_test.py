@@ -86,3 +86,22 @@ def test_demo_tasks_have_examples_and_source():
     assert len(specs) == 4 and set(references) == {s.task.task_id for s in specs}
     affine = references["demo/affine"]
     assert affine.examples[0] == "test_func(2, 3) -> 7" and affine.source == "demo"
+
+
+def test_a_dataset_can_be_restricted_to_sources(data_dir):
+    from pau_jax.evaluation import pipeline
+    from pau_jax.sandbox import Executor
+
+    dataset = pipeline.DatasetConfig(
+        config="debug", data_dir=str(data_dir), sources=("humaneval", "mbpp"), limit=4
+    )
+    with Executor(workers=1) as ex:
+        specs, references = pipeline._load_tasks(dataset, ex, EpisodeConfig())
+        assert len(specs) == 4
+        assert {references[s.task.task_id].source for s in specs} <= {"humaneval", "mbpp"}
+        with pytest.raises(ValueError, match=r"sources \['nope'\] are not in pau/debug"):
+            pipeline._load_tasks(
+                pipeline.DatasetConfig(config="debug", data_dir=str(data_dir), sources=("nope",)),
+                ex,
+                EpisodeConfig(),
+            )
