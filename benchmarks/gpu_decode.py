@@ -1,15 +1,29 @@
-"""GPU decode throughput against the HBM-bandwidth roofline, and GRPO train-step tokens/s, in one run.
+"""GPU decode throughput of the JAX sampler against the HBM-bandwidth roofline, in one run.
 
-    python benchmarks/gpu_decode.py                  # Qwen3-1.7B architecture, random bf16 weights
-    python benchmarks/gpu_decode.py --tiny           # a small float32 model: a CPU smoke test
+    python benchmarks/gpu_decode.py            # Qwen3-1.7B shapes, random bf16 weights, batch 1 and 64
+    python benchmarks/gpu_decode.py --tiny     # a small float32 model on any backend (smoke test)
 
-The roofline of one decode step is the time to read every weight once plus the
-KV cache the step attends to (B rows x the filled slots), at the bandwidth of a
-jitted reduction over a large array measured here on the same device. Decode
-tokens/s at batch B is measured with ``pau_jax.sampling.generate`` (greedy, no
-stop tokens, after a compile run); the train step is ``learner.TrainStep`` on
-random tokens with LoRA rank 16. The last line is the headline ratio: batch-1
-decode as a fraction of its roofline.
+Needs JAX with a GPU backend. On a machine with only the CPU wheel, install the CUDA one
+first (same JAX version as the repository's pins):
+
+    pip install "jax[cuda12]==0.10.2" flax==0.12.8
+
+Measurement, all on one device in one process:
+
+- bandwidth: the best of 5 jitted reductions over a `--bandwidth_gib` GiB array (each byte
+  read once), i.e. the HBM read bandwidth this device reaches;
+- decode: `pau_jax.sampling.generate` (greedy, no stop token, prompts of `--prompt_len`
+  random tokens, `--new_tokens` new tokens) at each batch size, after a compiling run; the
+  best of `--repeats` decode loops (prefill excluded);
+- roofline: one decode step must read every weight once (the tied embedding is the LM head)
+  and each row's cached keys and values of the filled slots (prompt + half the new tokens
+  on average); at the measured bandwidth that gives the roofline tokens/s of the batch.
+
+Each batch size prints its tokens/s, the bytes/s it moved and that as a percentage of the
+measured bandwidth (and of the device's nominal HBM bandwidth, where known). The last line
+is `roofline_b1=...% roofline_b64=...%`: decode tokens/s over roofline tokens/s per batch.
+The prompt and budget defaults (512 + 128) make the KV cache a single length bucket, so
+each batch size compiles one prefill and one decode program.
 """
 
 import argparse
@@ -24,8 +38,7 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pau_jax.models import lora, qwen3  # noqa: E402
-from pau_jax.rl import learner  # noqa: E402
+from pau_jax.models import qwen3  # noqa: E402
 from pau_jax.sampling import generate  # noqa: E402
 
 TINY = qwen3.Qwen3Config(
@@ -41,11 +54,13 @@ TINY = qwen3.Qwen3Config(
     tie_word_embeddings=True,
     max_position_embeddings=4096,
 )
+# Nominal HBM bandwidth (bytes/s) by device kind, for the "of nominal" column only.
+NOMINAL_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
 
 
-def bandwidth(num_bytes: int, dtype, repeats: int = 5) -> float:
-    """Best bytes/s of a jitted sum over a ``num_bytes`` array (reads it once)."""
-    x = jnp.ones((num_bytes // jnp.dtype(dtype).itemsize,), dtype)
+def measure_bandwidth(num_bytes: int, repeats: int = 5) -> float:
+    """Best bytes/s of a jitted float32-accumulated sum over a `num_bytes` bf16 array."""
+    x = jnp.ones((num_bytes // 2,), jnp.bfloat16)
     reduce = jax.jit(lambda v: jnp.sum(v, dtype=jnp.float32))
     reduce(x).block_until_ready()
     best = float("inf")
@@ -56,87 +71,82 @@ def bandwidth(num_bytes: int, dtype, repeats: int = 5) -> float:
     return x.nbytes / best
 
 
-def decode_rate(model, batch: int, prompt_len: int, new_tokens: int) -> float:
-    """Generated tokens/s of the decode loop at ``batch`` rows (best of two timed runs)."""
+def decode_seconds(model, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> float:
+    """Best decode-loop seconds of `repeats` greedy calls (after one compiling call)."""
     rng = np.random.default_rng(batch)
     prompts = rng.integers(0, model.config.vocab_size, (batch, prompt_len)).tolist()
-    kwargs = dict(max_new_tokens=new_tokens, temperature=0.0)
-    generate(model, prompts, **kwargs)  # compile
-    best = min(generate(model, prompts, **kwargs).decode_seconds for _ in range(2))
-    return batch * new_tokens / best
-
-
-def step_bytes(config, params_bytes: int, batch: int, slots: int, kv_itemsize: int) -> int:
-    """Bytes one decode step must read: every weight, and each row's cached keys and values."""
-    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
-    return params_bytes + batch * slots * kv * kv_itemsize
-
-
-def train_rate(model, batch: int, seq: int, steps: int) -> float:
-    """Tokens/s of the GRPO LoRA train step on random sequences."""
-    config = learner.LearnerConfig()
-    train_step = learner.TrainStep(model, config)
-    state = learner.init_state(model, config)
-    rng = np.random.default_rng(0)
-    data = learner.Batch(
-        input_ids=jnp.asarray(rng.integers(0, model.config.vocab_size, (batch, seq)), jnp.int32),
-        attention_mask=jnp.ones((batch, seq), jnp.int32),
-        loss_mask=jnp.ones((batch, seq), jnp.float32),
-        advantages=jnp.asarray(rng.standard_normal(batch), jnp.float32),
-        sampler_logprobs=jnp.full((batch, seq), -2.0, jnp.float32),
+    generate(model, prompts, max_new_tokens=new_tokens)
+    return min(
+        generate(model, prompts, max_new_tokens=new_tokens).decode_seconds for _ in range(repeats)
     )
-    state, metrics = train_step(state, data)  # compile
-    jax.block_until_ready(metrics)
-    start = time.perf_counter()
-    for _ in range(steps):
-        state, metrics = train_step(state, data)
-    jax.block_until_ready(metrics)
-    return steps * batch * seq / (time.perf_counter() - start)
+
+
+def step_bytes(config, weight_bytes: int, batch: int, slots: float, kv_itemsize: int) -> float:
+    """Bytes one decode step must read: every weight, and each row's filled cache slots."""
+    per_slot = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+    return weight_bytes + batch * slots * per_slot * kv_itemsize
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="small float32 model (CPU smoke test)")
-    parser.add_argument("--batches", default="1,8,64")
-    parser.add_argument("--prompt_len", type=int, default=128)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog='Install the GPU backend with: pip install "jax[cuda12]==0.10.2" flax==0.12.8',
+    )
+    parser.add_argument("--tiny", action="store_true", help="small float32 model (smoke test)")
+    parser.add_argument("--batches", default="1,64", help="comma-separated batch sizes")
+    parser.add_argument("--prompt_len", type=int, default=512)
     parser.add_argument("--new_tokens", type=int, default=128)
-    parser.add_argument("--train_batch", type=int, default=8)
-    parser.add_argument("--train_seq", type=int, default=512)
-    parser.add_argument("--train_steps", type=int, default=3)
-    parser.add_argument("--bandwidth_mib", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=3, help="timed decode calls per batch")
+    parser.add_argument("--bandwidth_gib", type=float, default=4.0)
     args = parser.parse_args()
+    backend = jax.default_backend()
     if args.tiny:
         config, dtype = TINY, jnp.float32
-        args.prompt_len, args.new_tokens = min(args.prompt_len, 16), min(args.new_tokens, 16)
-        args.train_batch, args.train_seq = min(args.train_batch, 2), min(args.train_seq, 64)
-        args.bandwidth_mib = min(args.bandwidth_mib, 64)
+        args.prompt_len, args.new_tokens = min(args.prompt_len, 64), min(args.new_tokens, 16)
+        args.bandwidth_gib = min(args.bandwidth_gib, 0.25)
+    elif backend != "gpu":
+        sys.exit(
+            f"no GPU backend (JAX sees {jax.devices()}); install it with "
+            '`pip install "jax[cuda12]==0.10.2" flax==0.12.8`, or pass --tiny for a CPU run'
+        )
     else:
         config, dtype = qwen3.PRESETS["1.7B"], jnp.bfloat16
+    device = jax.devices()[0]
     print(
-        f"device: {jax.devices()[0].device_kind} ({jax.default_backend()}), dtype {dtype.__name__}"
+        f"jax={jax.__version__} backend={backend} device={device.device_kind} dtype={dtype.dtype}"
     )
+
+    start = time.perf_counter()
     model = qwen3.Qwen3ForCausalLM(config, dtype=dtype, rngs=nnx.Rngs(0))
-    params_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
-    bw = bandwidth(args.bandwidth_mib * 1024**2, dtype)
-    print(f"weights: {params_bytes / 1e9:.3f} GB; measured bandwidth: {bw / 1e9:.1f} GB/s")
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    print(
+        f"model built in {time.perf_counter() - start:.1f} s; weights {weight_bytes / 1e9:.3f} GB"
+    )
+    bandwidth = measure_bandwidth(int(args.bandwidth_gib * 2**30))
+    nominal = next((v for k, v in NOMINAL_BANDWIDTH.items() if k in device.device_kind), None)
+    print(
+        f"measured read bandwidth {bandwidth / 1e9:.0f} GB/s"
+        + (f" ({bandwidth / nominal:.0%} of nominal {nominal / 1e9:.0f} GB/s)" if nominal else "")
+    )
 
-    ratios = {}
-    slots = args.prompt_len + args.new_tokens // 2  # cache filled halfway on average
+    slots = args.prompt_len + args.new_tokens / 2  # filled slots, averaged over the steps
+    itemsize = jnp.dtype(dtype).itemsize
+    fractions = {}
     for batch in (int(b) for b in args.batches.split(",")):
-        rate = decode_rate(model, batch, args.prompt_len, args.new_tokens)
-        itemsize = jnp.dtype(dtype).itemsize
-        roofline = batch * bw / step_bytes(config, params_bytes, batch, slots, itemsize)
-        ratios[batch] = rate / roofline
+        start = time.perf_counter()
+        seconds = decode_seconds(model, batch, args.prompt_len, args.new_tokens, args.repeats)
+        moved = step_bytes(config, weight_bytes, batch, slots, itemsize) * args.new_tokens
+        rate = batch * args.new_tokens / seconds
+        roofline = batch * args.new_tokens * bandwidth / moved
+        fractions[batch] = rate / roofline
         print(
-            f"decode batch {batch:3d}: {rate:10.1f} tokens/s; roofline {roofline:10.1f} "
-            f"tokens/s ({ratios[batch]:.0%})"
+            f"decode b{batch}: {rate:.1f} tokens/s ({1000 * seconds / args.new_tokens:.2f} "
+            f"ms/step); {moved / seconds / 1e9:.0f} GB/s moved = {fractions[batch]:.0%} of "
+            f"measured"
+            + (f", {moved / seconds / nominal:.0%} of nominal" if nominal else "")
+            + f"; roofline {roofline:.1f} tokens/s; {time.perf_counter() - start:.0f} s with compile"
         )
-
-    lora.apply_lora(model, rank=16, alpha=16)
-    rate = train_rate(model, args.train_batch, args.train_seq, args.train_steps)
-    print(f"GRPO train step ({args.train_batch} x {args.train_seq}, LoRA 16): {rate:.1f} tokens/s")
-    first = next(iter(ratios))
-    print(f"decode_batch{first}_vs_roofline={ratios[first]:.3f}")
+    print(" ".join(f"roofline_b{b}={100 * f:.0f}%" for b, f in fractions.items()))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,37 @@ def partitioned(initializer, axes: Axes):
     return nnx.with_partitioning(initializer, axes, eager_sharding=False)
 
 
+# A one-row product x @ W ([1, in] x [in, out], a decode step at batch 1) is computed as
+# GEMV_CHUNKS products over contiguous row blocks of W, summed. XLA's CPU backend runs the
+# single matrix-vector product on one stream; the batched one reads W about 20% faster
+# (Qwen3-0.6B's layers, 2 cores: 62 ms instead of 77 ms).
+GEMV_CHUNKS = 8
+
+
+def _single_row_unsharded(x: jax.Array) -> bool:
+    """Whether ``x`` [..., in] holds one row and no device mesh is set."""
+    rows = int(np.prod(x.shape[:-1]))
+    mesh = jax.sharding.get_abstract_mesh()
+    return rows == 1 and (mesh.empty or mesh.size == 1)
+
+
+def _chunked_gemv(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """``x @ kernel`` for one row as a sum of GEMV_CHUNKS partial products.
+
+    Args:
+      x: [..., in] with one row.
+      kernel: [in, out].
+
+    Returns:
+      [..., out].
+    """
+    d_in, d_out = kernel.shape
+    parts = x.reshape(GEMV_CHUNKS, 1, d_in // GEMV_CHUNKS)
+    blocks = kernel.reshape(GEMV_CHUNKS, d_in // GEMV_CHUNKS, d_out)
+    y = jnp.einsum("nrc,nco->nro", parts, blocks).sum(axis=0)
+    return y.reshape(*x.shape[:-1], d_out)
+
+
 class Linear(nnx.Linear):
     """Bias-free ``nnx.Linear`` ([in, out] kernel) whose output can carry a low-rank adapter.
 
@@ -66,7 +97,10 @@ class Linear(nnx.Linear):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Maps [..., in] to [..., out] in the parameter dtype."""
-        y = super().__call__(x)
+        if _single_row_unsharded(x) and self.in_features % GEMV_CHUNKS == 0:
+            y = _chunked_gemv(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        else:
+            y = super().__call__(x)
         if self.lora is not None:
             y = y + self.lora(x).astype(y.dtype)
         return y
@@ -84,7 +118,11 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """Normalises [..., size]; returns the input dtype."""
         x32 = x.astype(jnp.float32)
-        inv_rms = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        # The sum of squares as a matrix-vector product: as a reduction (or a contraction of
+        # x with itself, which XLA turns into one) XLA's CPU backend fuses it into the
+        # elementwise consumer and recomputes it for every element of the row (H times).
+        squares = (x32 * x32) @ jnp.ones((x.shape[-1], 1), jnp.float32)
+        inv_rms = jax.lax.rsqrt(squares / x.shape[-1] + self.eps)
         return (self.weight[...].astype(jnp.float32) * (x32 * inv_rms)).astype(x.dtype)
 
 
@@ -141,30 +179,57 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
     return rotated.astype(x.dtype)
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array,
+    *,
+    cache: KV | None = None,
+    cache_mask: jax.Array | None = None,
+) -> jax.Array:
     """Grouped-query dot-product attention with an explicit mask and a float32 softmax.
 
-    Query head ``n`` uses key/value head ``n // (N / K)``; queries are reshaped
-    to [B, T, K, N/K, H] instead of repeating keys and values.
+    Query head ``n`` uses key/value head ``n // (N / K)``; queries are reshaped to
+    [B, T, K, N/K, H] instead of repeating keys and values. Keys and values are in the
+    cache layout (``kv_cache.KVCache``), so every dot batches over the leading (B, K)
+    and contracts over the minor axis of the keys (H) or of the values (S or T).
+
+    With a cache, the new tokens attend to the cached slots in ``cache_mask`` and to
+    each other (``mask``) under one softmax. The cache is read as it was before the new
+    tokens are written into it, so the caller's in-place update of the cache is its only
+    other use (XLA then neither copies nor duplicates it).
 
     Args:
-      q: [B, T, N, H] queries.
-      k: [B, S, K, H] keys.
-      v: [B, S, K, H] values.
-      mask: [B, T, S] bool, True where query t may attend to key s. Rows with
-        no True entry produce finite values that callers must ignore.
+      q: [B, T, N, H] queries of the new tokens.
+      k: [B, K, T, H] keys of the new tokens.
+      v: [B, K, H, T] values of the new tokens, transposed.
+      mask: [B, T, T] bool, True where new token t may attend to new token u.
+      cache: optional (keys [B, K, S, H], values [B, K, H, S]) of earlier tokens.
+      cache_mask: [B, S] bool, the cached slots every new token may attend to.
 
     Returns:
-      [B, T, N, H] in the dtype of ``v``.
+      [B, T, N, H] in the dtype of ``v``. Rows with no True entry in ``mask`` or
+      ``cache_mask`` produce finite values that callers must ignore.
     """
     b, t, n, h = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = k.shape[1]
     q = q.reshape(b, t, kv_heads, n // kv_heads, h)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (h**-0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    lowest = jnp.finfo(jnp.float32).min
+
+    def scores(keys, allowed):
+        dot = jnp.einsum("btkgh,bksh->bkgts", q, keys, preferred_element_type=jnp.float32)
+        return jnp.where(allowed, dot * (h**-0.5), lowest)
+
+    logits = scores(k, mask[:, None, None, :, :])
+    if cache is not None:
+        cached = scores(cache[0].astype(q.dtype), cache_mask[:, None, None, None, :])
+        logits = jnp.concatenate([cached, logits], axis=-1)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bkhs->btkgh", probs[..., logits.shape[-1] - t :], v)
+    if cache is not None:
+        cached_values = cache[1].astype(v.dtype)
+        out = out + jnp.einsum("bkgts,bkhs->btkgh", probs[..., :-t], cached_values)
     return out.reshape(b, t, n, h)
 
 
@@ -197,15 +262,18 @@ class Attention(nnx.Module):
         mask: jax.Array,
         cache: KV | None = None,
         cache_index: jax.Array | int | None = None,
+        cache_mask: jax.Array | None = None,
     ) -> tuple[jax.Array, KV | None]:
-        """Attends T new tokens to themselves, or to the cache they are written into.
+        """Attends T new tokens to themselves and to cached ones, and writes them into the cache.
 
         Args:
           x: [B, T, D] inputs.
           positions: [B, T] RoPE positions.
-          mask: [B, T, T] without a cache, [B, T, S] with one (bool).
-          cache: optional (keys, values), each [B, S, K, H].
+          mask: [B, T, T] bool, which new tokens each new token attends to.
+          cache: optional (keys [B, K, S, H], values [B, K, H, S]).
           cache_index: slot of the first new token in the cache (may be traced).
+          cache_mask: [B, S] bool, the cached slots the new tokens attend to (all of them
+            precede the new tokens); None attends to no cached slot (an empty cache).
 
         Returns:
           ([B, T, D] output, updated (keys, values) or None).
@@ -219,13 +287,19 @@ class Attention(nnx.Module):
         inv_freq = np.asarray(self.inv_freq, np.float32)
         q = apply_rope(q, positions, inv_freq)
         k = apply_rope(k, positions, inv_freq)
+        # The cache layout: keys [B, K, T, H], values [B, K, H, T].
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 3, 1)
+        earlier = None if cache is None or cache_mask is None else cache
+        out = attend(q, k, v.astype(q.dtype), mask, cache=earlier, cache_mask=cache_mask)
         new_cache = None
         if cache is not None:
-            start = (0, cache_index, 0, 0)
-            k = jax.lax.dynamic_update_slice(cache[0], k.astype(cache[0].dtype), start)
-            v = jax.lax.dynamic_update_slice(cache[1], v.astype(cache[1].dtype), start)
-            new_cache = (k, v)
-        out = attend(q, k.astype(q.dtype), v.astype(q.dtype), mask)
+            keys, values = cache
+            new_cache = (
+                jax.lax.dynamic_update_slice(keys, k.astype(keys.dtype), (0, 0, cache_index, 0)),
+                jax.lax.dynamic_update_slice(
+                    values, v.astype(values.dtype), (0, 0, 0, cache_index)
+                ),
+            )
         out = sharding.constrain(
             out.reshape(b, t, self.num_heads * self.head_dim), ("batch", "length", "act_heads")
         )
@@ -260,7 +334,7 @@ class DecoderLayer(nnx.Module):
         )
         self.mlp = (mlp_class or MLP)(config, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, *, positions, mask, cache=None, cache_index=None):
+    def __call__(self, x, *, positions, mask, cache=None, cache_index=None, cache_mask=None):
         """Maps [B, T, D] to ([B, T, D], updated cache or None); see ``Attention``."""
         attn, new_cache = self.self_attn(
             self.input_layernorm(x),
@@ -268,6 +342,7 @@ class DecoderLayer(nnx.Module):
             mask=mask,
             cache=cache,
             cache_index=cache_index,
+            cache_mask=cache_mask,
         )
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x))

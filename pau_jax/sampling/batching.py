@@ -2,7 +2,8 @@
 
 Shapes given to the jitted prefill and decode are rounded up to buckets so that calls with
 varying prompt lengths, batch sizes and token budgets reuse compiled code: powers of two
-from a minimum up to a granularity, then multiples of that granularity.
+from a minimum up to a granularity, then multiples of that granularity. The KV cache grows
+in length buckets too (`cache_rooms`), so early decode steps attend over fewer slots.
 """
 
 import dataclasses
@@ -13,6 +14,9 @@ import numpy as np
 PROMPT_BUCKET = dict(minimum=32, granularity=512)
 NEW_TOKENS_BUCKET = dict(minimum=16, granularity=512)
 BATCH_BUCKET = dict(minimum=1, granularity=64)
+# The first cache holds at least this many new tokens, and at least W / FIRST_ROOM_FRACTION.
+MIN_ROOM = 16
+FIRST_ROOM_FRACTION = 4
 
 
 def bucket_size(n: int, *, minimum: int, granularity: int) -> int:
@@ -29,6 +33,28 @@ def bucket_size(n: int, *, minimum: int, granularity: int) -> int:
     if n <= granularity:
         return max(minimum, 1 << max(0, n - 1).bit_length())
     return -(-n // granularity) * granularity
+
+
+def cache_rooms(width: int, buffer_len: int) -> tuple[int, ...]:
+    """New-token room of each cache length the decode loop runs with, smallest first.
+
+    The cache starts with W prompt slots plus room for the first decode steps and doubles
+    that room until it holds the whole budget N. The first room is at least a quarter of
+    W, so at most about a sixth of the attention work falls on empty slots while the number
+    of cache lengths (compiled decode programs) stays logarithmic in N / W.
+
+    Args:
+      width: W, the prefilled (bucketed) prompt width.
+      buffer_len: N, the bucketed new-token budget.
+
+    Returns:
+      Increasing rooms; the last is N. Each is a power of two or N.
+    """
+    wanted = max(MIN_ROOM, -(-width // FIRST_ROOM_FRACTION))
+    rooms = [min(1 << (wanted - 1).bit_length(), buffer_len)]
+    while rooms[-1] < buffer_len:
+        rooms.append(min(2 * rooms[-1], buffer_len))
+    return tuple(rooms)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

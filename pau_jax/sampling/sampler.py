@@ -36,8 +36,14 @@ from pau_jax.sampling import batching, logits, output
 _TRACES: collections.Counter = collections.Counter()
 _CALLS: collections.Counter = collections.Counter()
 MAX_STOP_IDS = 8
-# Logical axes of the cached keys and values [B, S, K, H].
-_CACHE_AXES = ("batch", "length", "act_kv_heads", None)
+# Each step reads every layer's cache (attention over the earlier slots) and then writes one
+# slot of it in place. XLA's CPU copy insertion cannot order the two inside the while loop
+# without its region analysis and copies every cache array twice per step; the option is a
+# DebugOptions field, so other backends accept and ignore it.
+_DECODE_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
+# Logical axes of the cached keys [B, K, S, H] and values [B, K, H, S].
+_KEY_AXES = ("batch", "act_kv_heads", "length", None)
+_VALUE_AXES = ("batch", "act_kv_heads", None, "length")
 
 
 def trace_counts() -> dict[str, int]:
@@ -63,7 +69,7 @@ def _prefill(graphdef, state, input_ids, mask, row_source, *, cache_len, cache_d
       input_ids: [U, W] prompts without their last token, left-padded.
       mask: [U, W] 1 on those tokens.
       row_source: [B] prompt index of every decode row.
-      cache_len: S, cache slots (W plus the new-token budget).
+      cache_len: S, cache slots (W plus the first decode segment's steps).
       cache_dtype: dtype of cached keys and values.
 
     Returns:
@@ -80,27 +86,94 @@ def _prefill(graphdef, state, input_ids, mask, row_source, *, cache_len, cache_d
         cache_index=jnp.int32(0),
         attention_mask=mask,
         last_only=True,
+        cache_is_empty=True,
     )
     cache = jax.tree.map(lambda x: jnp.take(x, row_source, axis=0), cache)
+    return _constrain_cache(cache)
+
+
+def _constrain_cache(cache: kv_cache.KVCache) -> kv_cache.KVCache:
+    """Places the cache's rows over the batch mesh axes and its heads over tp (no-op off mesh)."""
     return kv_cache.KVCache(
-        k=tuple(sharding.constrain(k, _CACHE_AXES) for k in cache.k),
-        v=tuple(sharding.constrain(v, _CACHE_AXES) for v in cache.v),
+        k=tuple(sharding.constrain(k, _KEY_AXES) for k in cache.k),
+        v=tuple(sharding.constrain(v, _VALUE_AXES) for v in cache.v),
         mask=sharding.constrain(cache.mask, ("batch", "length")),
     )
 
 
+@functools.partial(jax.jit, static_argnames=("buffer_len", "vocab_size"))
+def _start(
+    cache,
+    last_prompt_tokens,
+    active,
+    prompt_ids=None,
+    prompt_mask=None,
+    row_source=None,
+    *,
+    buffer_len,
+    vocab_size,
+):
+    """The decode loop's carry before the first step.
+
+    Args:
+      cache: KVCache from `_prefill`.
+      last_prompt_tokens: [B] the last token of each row's prompt (fed at step 0).
+      active: [B] bool; inactive rows are done from the start.
+      prompt_ids: [U, W] the prefilled prompts, with a repetition penalty only.
+      prompt_mask: [U, W] 1 on those tokens, with a penalty only.
+      row_source: [B] prompt index of every row, with a penalty only.
+      buffer_len: N, size of the per-row output buffers.
+      vocab_size: V, size of the seen-token mask (with a penalty).
+
+    Returns:
+      The carry dict: step, last, tokens/logprobs/plain [B, N], lengths, stopped, done,
+      cache and, with a penalty, seen [B, V] (every id of the row's prompt, its last
+      token included, padding excluded).
+    """
+    batch = last_prompt_tokens.shape[0]
+    zeros = jnp.zeros((batch, buffer_len), jnp.float32)
+    carry = dict(
+        step=jnp.int32(0),
+        last=last_prompt_tokens,
+        tokens=jnp.zeros((batch, buffer_len), jnp.int32),
+        logprobs=zeros,
+        plain=zeros,
+        lengths=jnp.zeros(batch, jnp.int32),
+        stopped=jnp.zeros(batch, bool),
+        done=~active,
+        cache=cache,
+    )
+    if prompt_ids is not None:
+        ids = jnp.concatenate(
+            [jnp.take(prompt_ids, row_source, axis=0), last_prompt_tokens[:, None]], 1
+        )
+        real = jnp.concatenate(
+            [jnp.take(prompt_mask, row_source, axis=0), jnp.ones((batch, 1), prompt_mask.dtype)], 1
+        )
+        seen = logits.seen_tokens(ids, real, vocab_size)
+        carry["seen"] = sharding.constrain(seen, ("batch", None))
+    return carry
+
+
+@functools.partial(jax.jit, static_argnames=("cache_len",))
+def _grow(carry, *, cache_len):
+    """The carry with its cache grown to `cache_len` slots (the new ones empty)."""
+    _TRACES["grow"] += 1
+    return dict(carry, cache=_constrain_cache(kv_cache.grow(carry["cache"], cache_len)))
+
+
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "buffer_len", "max_top_k"),
-    donate_argnames=("cache",),
+    static_argnames=("graphdef", "max_top_k"),
+    donate_argnames=("carry",),
+    compiler_options=_DECODE_COMPILER_OPTIONS,
 )
 def _decode(
     graphdef,
     state,
-    cache,
-    last_prompt_tokens,
+    carry,
+    width,
     prompt_lens,
-    active,
     temperature,
     top_k,
     top_p,
@@ -108,47 +181,39 @@ def _decode(
     max_new_tokens,
     uniforms,
     repetition_penalty=None,
-    prompt_ids=None,
-    prompt_mask=None,
-    row_source=None,
     *,
-    buffer_len,
     max_top_k,
 ):
-    """Samples up to `max_new_tokens` tokens per row.
+    """Samples tokens until every row is done or the cache is full.
 
     Step i feeds one token (the last prompt token, then the token of step i - 1) into
-    slot S - N + i and samples the token of step i from its logits.
+    cache slot W + i and samples the token of step i from its logits. A call runs from
+    the carry's step until every row is done, `max_new_tokens` steps were taken or the
+    cache's S slots are full (step S - W); the caller then grows the cache and calls again.
 
     Args:
       graphdef: the model's static graph definition.
       state: the model's state (parameters).
-      cache: KVCache [B, S, K, H] with the prompts but their last token in slots [0, S - N).
-      last_prompt_tokens: [B] the last token of each row's prompt.
+      carry: the loop state from `_start` (or a previous call): the KVCache (keys
+        [B, K, S, H], values [B, K, H, S]) with the prompts but their last token in slots
+        [0, W), then the tokens so far.
+      width: int32 scalar W, the prefilled width (slot of step 0).
       prompt_lens: [B] prompt lengths.
-      active: [B] bool; inactive rows are done from the start.
       temperature, top_k, top_p: [B] per-row sampling settings.
       stop_ids: [MAX_STOP_IDS] int32 stop ids, padded with -1.
       max_new_tokens: int32 scalar budget (<= N).
       uniforms: [B, N, 2] float32 uniforms in [0, 1), the randomness of each draw.
       repetition_penalty: [B] float32 per-row penalty, or None for none (a separate
-        compiled program: without it the loop carries no seen-token mask).
-      prompt_ids: [U, W] the prefilled prompts (all but their last token), left-padded;
-        with a penalty only.
-      prompt_mask: [U, W] 1 on those tokens; with a penalty only.
-      row_source: [B] prompt index of every row; with a penalty only.
-      buffer_len: N, static size of the output buffers.
+        compiled program: without it the carry has no seen-token mask).
       max_top_k: static candidate-set size.
 
     Returns:
-      tokens [B, N] int32, logprobs [B, N], plain_logprobs [B, N], lengths [B],
-      stopped [B] bool, and the final cache.
+      The carry after the last step taken.
     """
     _TRACES["decode"] += 1
     model = nnx.merge(graphdef, state)
-    batch = last_prompt_tokens.shape[0]
-    first_slot = cache.max_len - buffer_len
     penalise = repetition_penalty is not None
+    last_step = jnp.minimum(max_new_tokens, carry["cache"].max_len - width)
 
     def step_once(carry):
         step = carry["step"]
@@ -156,7 +221,7 @@ def _decode(
             carry["last"][:, None],
             positions=(prompt_lens - 1 + step)[:, None],
             cache=carry["cache"],
-            cache_index=first_slot + step,
+            cache_index=width + step,
         )
         raw = step_logits[:, -1]
         scores = raw
@@ -195,39 +260,9 @@ def _decode(
         )
 
     def keep_going(carry):
-        return (carry["step"] < max_new_tokens) & ~jnp.all(carry["done"])
+        return (carry["step"] < last_step) & ~jnp.all(carry["done"])
 
-    zeros = jnp.zeros((batch, buffer_len), jnp.float32)
-    carry = dict(
-        step=jnp.int32(0),
-        last=last_prompt_tokens,
-        tokens=jnp.zeros((batch, buffer_len), jnp.int32),
-        logprobs=zeros,
-        plain=zeros,
-        lengths=jnp.zeros(batch, jnp.int32),
-        stopped=jnp.zeros(batch, bool),
-        done=~active,
-        cache=cache,
-    )
-    if penalise:
-        # Every id of the row's prompt, its last token included, padding excluded.
-        ids = jnp.concatenate(
-            [jnp.take(prompt_ids, row_source, axis=0), last_prompt_tokens[:, None]], 1
-        )
-        real = jnp.concatenate(
-            [jnp.take(prompt_mask, row_source, axis=0), jnp.ones((batch, 1), prompt_mask.dtype)], 1
-        )
-        seen = logits.seen_tokens(ids, real, model.config.vocab_size)
-        carry["seen"] = sharding.constrain(seen, ("batch", None))
-    carry = jax.lax.while_loop(keep_going, step_once, carry)
-    return (
-        carry["tokens"],
-        carry["logprobs"],
-        carry["plain"],
-        carry["lengths"],
-        carry["stopped"],
-        carry["cache"],
-    )
+    return jax.lax.while_loop(keep_going, step_once, carry)
 
 
 def _per_row(value, name: str, num_prompts: int, n_samples: int, dtype) -> np.ndarray:
@@ -343,8 +378,9 @@ def generate(
 
     layout = batching.layout_batch(prompt_lists, n_samples)
     rows = len(layout.row_source)
+    width = layout.input_ids.shape[1]
     buffer_len = batching.bucket_size(max_new_tokens, **batching.NEW_TOKENS_BUCKET)
-    cache_len = layout.input_ids.shape[1] + buffer_len
+    rooms = batching.cache_rooms(width, buffer_len)
     graphdef, state = nnx.split(model)
     if cache_dtype is None:
         cache_dtype = model.dtype
@@ -364,38 +400,44 @@ def generate(
             input_ids,
             mask,
             row_source,
-            cache_len=cache_len,
+            cache_len=width + rooms[0],
             cache_dtype=jnp.dtype(cache_dtype),
         )
         jax.block_until_ready(cache)
         prefilled = time.perf_counter()
         stop_ids = np.full(MAX_STOP_IDS, -1, np.int32)
         stop_ids[: len(stop_token_ids)] = stop_token_ids
-        # Without a penalty the decode program has no seen-token mask at all.
-        penalty_args = (
-            (jnp.asarray(_padded(repetition_penalty, rows, 1.0)), input_ids, mask, row_source)
-            if penalise
-            else ()
-        )
-        _CALLS["decode"] += 1
-        results = _decode(
-            graphdef,
-            state,
+        # Without a penalty the carry has no seen-token mask and the decode program none.
+        carry = _start(
             cache,
             jnp.asarray(layout.last_tokens),
-            jnp.asarray(layout.prompt_lens),
             jnp.asarray(layout.active),
+            *((input_ids, mask, row_source) if penalise else ()),
+            buffer_len=buffer_len,
+            vocab_size=config.vocab_size,
+        )
+        settings = (
+            jnp.int32(width),
+            jnp.asarray(layout.prompt_lens),
             jnp.asarray(_padded(temperature, rows, 0.0)),
             jnp.asarray(_padded(top_k, rows, 0)),
             jnp.asarray(_padded(top_p, rows, 1.0)),
             jnp.asarray(stop_ids),
             jnp.int32(max_new_tokens),
             jnp.asarray(_uniforms(seed, rows, buffer_len)),
-            *penalty_args,
-            buffer_len=buffer_len,
-            max_top_k=max_top_k,
+            *((jnp.asarray(_padded(repetition_penalty, rows, 1.0)),) if penalise else ()),
         )
-    tokens, logprobs, plain, lengths, stopped = (np.asarray(x) for x in results[:5])
+        _CALLS["decode"] += 1
+        # One decode call per cache length: the cache grows only while some row needs it.
+        for segment, room in enumerate(rooms):
+            if segment:
+                if bool(jnp.all(carry["done"])):
+                    break
+                carry = _grow(carry, cache_len=width + room)
+            _CALLS["decode_segments"] += 1
+            carry = _decode(graphdef, state, carry, *settings, max_top_k=max_top_k)
+        results = [carry[k] for k in ("tokens", "logprobs", "plain", "lengths", "stopped")]
+    tokens, logprobs, plain, lengths, stopped = (np.asarray(x) for x in results)
     decoded = time.perf_counter()
     return _assemble(
         tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings,

@@ -112,7 +112,14 @@ def test_init_cache_shapes(loaded):
     _, config = loaded
     cache = kv_cache.init_cache(config, 2, 8, dtype=jnp.bfloat16)
     assert len(cache.k) == len(cache.v) == config.num_hidden_layers
-    assert cache.k[0].shape == (2, 8, config.num_key_value_heads, config.head_dim)
+    heads, head_dim = config.num_key_value_heads, config.head_dim
+    assert cache.k[0].shape == (2, heads, 8, head_dim)
+    assert cache.v[0].shape == (2, heads, head_dim, 8)
     assert cache.k[0].dtype == jnp.bfloat16 and cache.mask.dtype == jnp.bool_
     assert cache.max_len == 8 and not np.asarray(cache.mask).any()
     assert len(jax.tree.leaves(cache)) == 2 * config.num_hidden_layers + 1
+    grown = kv_cache.grow(cache, 12)
+    assert grown.k[0].shape == (2, heads, 12, head_dim) and grown.v[0].shape[-1] == 12
+    assert grown.mask.shape == (2, 12) and not np.asarray(grown.mask).any()
+    with pytest.raises(ValueError, match="shrink"):
+        kv_cache.grow(grown, 8)

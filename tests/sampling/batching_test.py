@@ -37,3 +37,15 @@ def test_array_prompts_follow_their_mask():
     assert batching.prompts_as_lists(ids) == [[0, 0, 7, 8], [9, 10, 11, 0]]
     with pytest.raises(ValueError, match="shape"):
         batching.prompts_as_lists(ids, mask[:, :3])
+
+
+def test_cache_rooms_double_from_a_quarter_of_the_prompt_width_to_the_budget():
+    assert batching.cache_rooms(128, 64) == (32, 64)
+    assert batching.cache_rooms(32, 16) == (16,)
+    assert batching.cache_rooms(64, 64) == (16, 32, 64)
+    assert batching.cache_rooms(2048, 512) == (512,)
+    assert batching.cache_rooms(512, 1536) == (128, 256, 512, 1024, 1536)
+    for width in (32, 64, 100, 512, 1024):
+        for budget in (16, 64, 512, 2048):
+            rooms = batching.cache_rooms(width, budget)
+            assert rooms[-1] == budget and list(rooms) == sorted(set(rooms))

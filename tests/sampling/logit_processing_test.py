@@ -151,3 +151,13 @@ def test_block_size_divides_the_vocabulary():
     for vocab in (128, 151936, 997, 50):
         size = logits_lib._block_size(vocab)
         assert vocab % size == 0 and size * size >= vocab
+
+
+def test_first_argmax_is_argmax_with_ties_to_the_first_index():
+    x = np.random.default_rng(0).normal(size=(5, 1000)).astype(np.float32)
+    x[1, [7, 500, 999]] = 9.0
+    x[2, :] = -3.0
+    x[3, 999] = 50.0
+    got = np.asarray(logits_lib.first_argmax(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
+    assert got[1] == 7 and got[2] == 0 and got.dtype == np.int32

@@ -238,6 +238,27 @@ def test_prompt_lengths_inside_one_bucket_compile_once(tiny_model):
     assert after["decode"] - before["decode"] == 0
 
 
+def test_the_cache_grows_in_length_buckets_with_the_tokens_of_transformers(tiny_model, torch_model):
+    # Width 64 and 40 new tokens (budget 64): caches of 64 + 16, 64 + 32 and 64 + 64 slots.
+    assert batching.cache_rooms(64, 64) == (16, 32, 64)
+    calls = sampler.call_counts()
+    out = generate(tiny_model, PROMPTS, max_new_tokens=40)
+    assert sampler.call_counts()["decode_segments"] - calls.get("decode_segments", 0) == 3
+    assert out.tokens == _hf_greedy(torch_model, PROMPTS, 40)
+    np.testing.assert_array_equal(out.lengths, [40] * 3)
+
+
+def test_the_cache_stops_growing_once_every_row_stopped(tiny_model, greedy_reference):
+    long = generate(tiny_model, PROMPTS, max_new_tokens=40)
+    stops = tuple(tokens[4] for tokens in long.tokens)  # every row stops by step 5
+    calls = sampler.call_counts()
+    out = generate(tiny_model, PROMPTS, max_new_tokens=40, stop_token_ids=stops)
+    assert sampler.call_counts()["decode_segments"] - calls["decode_segments"] == 1
+    for row, tokens in enumerate(long.tokens):
+        cut = next(i for i, t in enumerate(tokens) if t in stops) + 1
+        assert out.tokens[row] == tokens[:cut] and out.finish_reasons[row] == "stop"
+
+
 def test_group_sampling_prefills_once_and_samples_distinct_rows(tiny_model):
     group = 4
     calls = sampler.call_counts()
