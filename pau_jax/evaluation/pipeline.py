@@ -103,6 +103,9 @@ class LocalBackendConfig:
       adapter_dir: optional PEFT LoRA adapter folder added to the model.
       dtype: parameter dtype ('float32' on CPU, 'bfloat16' on accelerators).
       tokenizer: tokenizer path or 'qwen3-offline'; default: the checkpoint's own.
+      prefix_cache_gib: memory for the keys and values of earlier prompts and replies, so
+        that each phase of an episode prefills only what was appended to its conversation
+        (`pau_jax.sampling.prefix_cache`); 0 prefills every prompt whole.
     """
 
     checkpoint_dir: str
@@ -110,6 +113,11 @@ class LocalBackendConfig:
     adapter_dir: str | None = None
     dtype: str = "float32"
     tokenizer: str | None = None
+    prefix_cache_gib: float = 2.0
+
+    def __post_init__(self):
+        if not self.prefix_cache_gib >= 0:
+            raise ValueError(f"prefix_cache_gib must be >= 0, got {self.prefix_cache_gib}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -176,6 +184,7 @@ class _Backends:
         from pau_jax import models
         from pau_jax.models import lora
         from pau_jax.policy.local import LocalPolicy
+        from pau_jax.sampling.prefix_cache import PrefixCache
         from pau_jax.tokenizer import load_tokenizer
 
         if not backend.checkpoint_dir:
@@ -192,7 +201,10 @@ class _Backends:
                 print(f"[eval] LoRA adapter on {n} modules from {backend.adapter_dir}", flush=True)
             self._models[key] = (model, load_tokenizer(backend.tokenizer or path))
         model, tokenizer = self._models[key]
-        return LocalPolicy(model, tokenizer, backend.sampling)
+        cache = None
+        if backend.prefix_cache_gib > 0:
+            cache = PrefixCache(max_bytes=int(backend.prefix_cache_gib * 2**30))
+        return LocalPolicy(model, tokenizer, backend.sampling, prefix_cache=cache)
 
 
 def _same_model(seat, policy) -> bool:

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pau_jax.sampling import generate
+from pau_jax.sampling import generate, sampler
+from pau_jax.sampling.prefix_cache import PrefixCache
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,13 +88,30 @@ class LocalPolicy:
     Stops at the end-of-turn and end-of-text tokens the tokenizer has (Qwen:
     `<|im_end|>`, `<|endoftext|>`; Llama 3: `<|eot_id|>`, `<|eom_id|>`,
     `<|end_of_text|>`), plus its eos. Replies are decoded without special tokens. Statistics of the last call
-    (tokens generated, seconds) are kept in `last_stats`.
+    (tokens generated and prefilled, prefix tokens reused, seconds) are kept in `last_stats`.
+
+    Args:
+      model: the decoder.
+      tokenizer: its tokenizer, with a chat template.
+      sampling: default settings of a call.
+      prefix_cache: keys and values of earlier prompts and replies, reused when a new prompt
+        starts with one (`pau_jax.sampling.prefix_cache`): the next phase of an episode then
+        prefills only what was appended. Greedy replies are the same with or without it.
+        None disables reuse. The default keeps up to 2 GiB, and empties itself when the
+        model's weights change.
     """
 
-    def __init__(self, model, tokenizer, sampling: SamplingConfig = SamplingConfig()):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        sampling: SamplingConfig = SamplingConfig(),
+        prefix_cache: PrefixCache | None | str = "default",
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling
+        self.prefix_cache = PrefixCache() if prefix_cache == "default" else prefix_cache
         self._calls = 0
         self.last_stats: dict[str, float] = {}
         stop = {tokenizer.eos_token_id}
@@ -169,9 +187,12 @@ class LocalPolicy:
             "prefill_seconds": 0.0,
             "decode_seconds": 0.0,
             "prompts_too_long": float(len(prompts) - len(keep)),
+            "prefill_tokens": 0.0,
+            "reused_tokens": 0.0,
         }
         if not keep:
             return completions
+        counts = sampler.call_counts()
         out = generate(
             self.model,
             [prompts[i] for i in keep],
@@ -182,8 +203,12 @@ class LocalPolicy:
             repetition_penalty=[float(repetition_penalties[i]) for i in keep],
             stop_token_ids=self.stop_token_ids,
             seed=seed,
+            prefix_cache=self.prefix_cache,
         )
+        after = sampler.call_counts()
         self.last_stats.update(
+            prefill_tokens=float(after.get("prefill_tokens", 0) - counts.get("prefill_tokens", 0)),
+            reused_tokens=float(after.get("reused_tokens", 0) - counts.get("reused_tokens", 0)),
             generated_tokens=float(np.sum(out.lengths)),
             prefill_seconds=out.prefill_seconds,
             decode_seconds=out.decode_seconds,

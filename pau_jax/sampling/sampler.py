@@ -21,6 +21,7 @@ the key/value heads where the sizes divide (``sharding.constrain``); otherwise r
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from flax import nnx
 
 from pau_jax.models import kv_cache, sharding
 from pau_jax.sampling import batching, logits, output
+from pau_jax.sampling import prefix_cache as prefix_cache_lib
 
 _TRACES: collections.Counter = collections.Counter()
 _CALLS: collections.Counter = collections.Counter()
@@ -87,6 +89,50 @@ def _prefill(graphdef, state, input_ids, mask, row_source, *, cache_len, cache_d
         attention_mask=mask,
         last_only=True,
         cache_is_empty=True,
+    )
+    cache = jax.tree.map(lambda x: jnp.take(x, row_source, axis=0), cache)
+    return _constrain_cache(cache)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cache_len"))
+def _prefill_extend(
+    graphdef, state, prefix_k, prefix_v, prefix_mask, input_ids, mask, starts, row_source,
+    *, cache_len,
+):  # fmt: skip
+    """Like `_prefill`, on top of cached prefixes: only the tokens after them are computed.
+
+    Args:
+      graphdef: the model's static graph definition.
+      state: the model's state (parameters).
+      prefix_k: L arrays [U, K, P, H], each prompt's cached prefix right-aligned in P slots.
+      prefix_v: L arrays [U, K, H, P], the same for values.
+      prefix_mask: [U, P] bool, True on cached prefix slots.
+      input_ids: [U, T] the rest of each prompt but its last token, left-padded.
+      mask: [U, T] 1 on those tokens.
+      starts: [U] int32 length of each prompt's prefix (the position of its first new token).
+      row_source: [B] prompt index of every decode row.
+      cache_len: S, cache slots (P + T plus the first decode segment's steps).
+
+    Returns:
+      KVCache with B rows of S slots: prefixes in [0, P), the rest in [P, P + T).
+    """
+    _TRACES["prefill_extend"] += 1
+    model = nnx.merge(graphdef, state)
+    width = prefix_mask.shape[1]
+    extra = cache_len - width
+    cache = kv_cache.KVCache(
+        k=tuple(jnp.pad(k, ((0, 0), (0, 0), (0, extra), (0, 0))) for k in prefix_k),
+        v=tuple(jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, extra))) for v in prefix_v),
+        mask=jnp.pad(prefix_mask, ((0, 0), (0, extra))),
+    )
+    positions = starts[:, None] + jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
+    _, cache = model.decode(
+        input_ids,
+        positions=positions,
+        cache=cache,
+        cache_index=jnp.int32(width),
+        attention_mask=mask,
+        last_only=True,
     )
     cache = jax.tree.map(lambda x: jnp.take(x, row_source, axis=0), cache)
     return _constrain_cache(cache)
@@ -313,6 +359,7 @@ def generate(
     decode: Callable[[Sequence[int]], str] | None = None,
     max_top_k: int = 64,
     cache_dtype=None,
+    prefix_cache: prefix_cache_lib.PrefixCache | None = None,
 ) -> output.SampleOutput:
     """Samples continuations of token-id prompts.
 
@@ -340,6 +387,11 @@ def generate(
       decode: maps token ids to text; needed for `stop_strings`, and fills `texts`.
       max_top_k: static candidate-set size for top-k and top-p.
       cache_dtype: dtype of the KV cache; defaults to the model's parameter dtype.
+      prefix_cache: a `PrefixCache` to reuse and fill: a prompt that starts with a cached
+        sequence (at least `min_reuse` tokens) is prefilled only after it, and every row's
+        prompt and reply are added to it. The cache empties itself when the model's weights
+        or the cache dtype differ from those it was filled with. Not used under a device
+        mesh (the prompts are then prefilled whole).
 
     Returns:
       A `SampleOutput` with P * G rows, prompt-major. With a penalty, `logprobs` are those
@@ -387,6 +439,13 @@ def generate(
 
     # Under the model's mesh (if any), so the activation and cache constraints apply.
     mesh = sharding.mesh_of(state)
+    if mesh is not None:
+        prefix_cache = None
+    distinct = list(dict.fromkeys(tuple(p) for p in prompt_lists))
+    reuse = None
+    if prefix_cache is not None:
+        prefix_cache.bind(state, jnp.dtype(cache_dtype))
+        reuse = _plan_reuse(prefix_cache, distinct, layout, config, jnp.dtype(cache_dtype))
     with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
         start = time.perf_counter()
         _CALLS["prefill"] += 1
@@ -394,15 +453,34 @@ def generate(
         input_ids = jnp.asarray(layout.input_ids)
         mask = jnp.asarray(layout.mask)
         row_source = jnp.asarray(layout.row_source)
-        cache = _prefill(
-            graphdef,
-            state,
-            input_ids,
-            mask,
-            row_source,
-            cache_len=width + rooms[0],
-            cache_dtype=jnp.dtype(cache_dtype),
-        )
+        if reuse is None:
+            _CALLS["prefill_tokens"] += sum(len(p) - 1 for p in distinct)
+            cache = _prefill(
+                graphdef,
+                state,
+                input_ids,
+                mask,
+                row_source,
+                cache_len=width + rooms[0],
+                cache_dtype=jnp.dtype(cache_dtype),
+            )
+        else:
+            _CALLS["prefill_tokens"] += int(reuse.suffix_mask.sum())
+            _CALLS["reused_tokens"] += int(reuse.starts.sum())
+            width = reuse.width
+            rooms = batching.cache_rooms(width, buffer_len)
+            cache = _prefill_extend(
+                graphdef,
+                state,
+                tuple(jnp.asarray(k) for k in reuse.prefix_k),
+                tuple(jnp.asarray(v) for v in reuse.prefix_v),
+                jnp.asarray(reuse.prefix_mask),
+                jnp.asarray(reuse.suffix_ids),
+                jnp.asarray(reuse.suffix_mask),
+                jnp.asarray(reuse.starts),
+                row_source,
+                cache_len=width + rooms[0],
+            )
         jax.block_until_ready(cache)
         prefilled = time.perf_counter()
         stop_ids = np.full(MAX_STOP_IDS, -1, np.int32)
@@ -439,10 +517,112 @@ def generate(
         results = [carry[k] for k in ("tokens", "logprobs", "plain", "lengths", "stopped")]
     tokens, logprobs, plain, lengths, stopped = (np.asarray(x) for x in results)
     decoded = time.perf_counter()
+    if prefix_cache is not None:
+        prefix_width = 0 if reuse is None else reuse.prefix_mask.shape[1]
+        starts = np.zeros(len(distinct), np.int64) if reuse is None else reuse.starts
+        _store_rows(
+            prefix_cache, carry["cache"], layout, distinct, starts, prefix_width, width,
+            tokens, lengths,
+        )  # fmt: skip
     return _assemble(
         tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings,
         prefill_seconds=prefilled - start, decode_seconds=decoded - prefilled,
     )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reuse:
+    """Host arrays of a prefill on top of cached prefixes (see `_prefill_extend`)."""
+
+    prefix_k: np.ndarray  # [L, U, K, P, H]
+    prefix_v: np.ndarray  # [L, U, K, H, P]
+    prefix_mask: np.ndarray  # [U, P] bool
+    suffix_ids: np.ndarray  # [U, T] int32
+    suffix_mask: np.ndarray  # [U, T] int32
+    starts: np.ndarray  # [U] int32, cached prefix length of each prompt
+    width: int  # P + T, the slot of decode step 0
+
+
+def _plan_reuse(cache, distinct, layout, config, dtype) -> "_Reuse | None":
+    """Matches each distinct prompt against `cache`; None when no prompt reuses anything.
+
+    The prefilled width W = P + T is a prompt-length bucket (so the decode programs are
+    those of a plain call) with T the bucket of the longest remaining part.
+    """
+    matches = [cache.match(p) for p in distinct]
+    cache.stats["lookups"] += len(distinct)
+    cache.stats["hits"] += sum(n > 0 for _, n in matches)
+    if not any(n for _, n in matches):
+        return None
+    height = layout.input_ids.shape[0]
+    starts = np.zeros(height, np.int32)
+    starts[: len(distinct)] = [n for _, n in matches]
+    rest = [len(p) - 1 - n for p, (_, n) in zip(distinct, matches, strict=True)]
+    suffix_width = batching.bucket_size(max(max(rest), 1), **batching.PROMPT_BUCKET)
+    width = batching.bucket_size(int(starts.max()) + suffix_width, **batching.PROMPT_BUCKET)
+    prefix_width = width - suffix_width
+    layers, heads, head_dim = (
+        config.num_hidden_layers,
+        config.num_key_value_heads,
+        config.head_dim,
+    )
+    prefix_k = np.zeros((layers, height, heads, prefix_width, head_dim), dtype)
+    prefix_v = np.zeros((layers, height, heads, head_dim, prefix_width), dtype)
+    prefix_mask = np.zeros((height, prefix_width), bool)
+    suffix_ids = np.zeros((height, suffix_width), np.int32)
+    suffix_mask = np.zeros((height, suffix_width), np.int32)
+    for u, (prompt, (entry, n)) in enumerate(zip(distinct, matches, strict=True)):
+        if n:
+            prefix_k[:, u, :, prefix_width - n :] = entry.keys[:, :, :n]
+            prefix_v[:, u, :, :, prefix_width - n :] = entry.values[:, :, :, :n]
+            prefix_mask[u, prefix_width - n :] = True
+        if rest[u]:
+            suffix_ids[u, suffix_width - rest[u] :] = prompt[n:-1]
+            suffix_mask[u, suffix_width - rest[u] :] = 1
+    cache.stats["reused_tokens"] += int(starts.sum())
+    return _Reuse(prefix_k, prefix_v, prefix_mask, suffix_ids, suffix_mask, starts, width)
+
+
+def _store_rows(cache, device_cache, layout, distinct, starts, prefix_width, width, tokens,
+                lengths) -> None:  # fmt: skip
+    """Adds each row's prompt and reply (all but its last token, whose keys were never
+    computed) to `cache`, read from the final decode cache.
+
+    A row's prompt occupies slots [P - p, P) (its reused prefix, p tokens) and
+    [W - r, W) (the r tokens prefilled after it), then its last prompt token and reply
+    slots [W, W + length).
+    """
+    first = device_cache.k[0]
+    per_token = 2 * len(device_cache.k) * first.shape[1] * first.shape[3] * first.dtype.itemsize
+    # Only the rows the budget can hold leave the device (all of them, usually).
+    rows, total = [], 0
+    for row in range(layout.num_rows):
+        size = (len(distinct[int(layout.row_source[row])]) + int(lengths[row])) * per_token
+        if total + size > cache.max_bytes:
+            break
+        rows.append(row)
+        total += size
+    if not rows:
+        return
+    # `rows` is 0 .. m - 1. On the CPU backend np.asarray reads the cache in place.
+    if len(rows) == layout.num_rows or jax.default_backend() == "cpu":
+        keys = [np.asarray(k) for k in device_cache.k]
+        values = [np.asarray(v) for v in device_cache.v]
+    else:
+        keys = [np.asarray(k[: len(rows)]) for k in device_cache.k]
+        values = [np.asarray(v[: len(rows)]) for v in device_cache.v]
+    for i, row in enumerate(rows):
+        u = int(layout.row_source[row])
+        prompt, n, length = distinct[u], int(starts[u]), int(lengths[row])
+        rest = len(prompt) - 1 - n
+        slots = np.concatenate(
+            [np.arange(prefix_width - n, prefix_width), np.arange(width - rest, width + length)]
+        )
+        cache.add(
+            list(prompt) + tokens[row, : length - 1].tolist(),
+            np.stack([k[i][:, slots] for k in keys]),
+            np.stack([v[i][:, :, slots] for v in values]),
+        )
 
 
 def _assemble(

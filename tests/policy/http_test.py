@@ -237,3 +237,25 @@ def test_missing_configuration_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("PAU_OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
     with pytest.raises(ValueError, match="PAU_OPENAI_MODEL"):
         HTTPPolicy(HTTPConfig())
+
+
+def test_a_request_extending_an_earlier_one_reuses_its_prefix(local_policy):
+    """The served policy's prefix cache: the second turn prefills only what it appended,
+    and answers as a policy without a cache does."""
+    long_task = "Function header:\ndef test_func(a, b):\n" + "test_func(1, 2) -> 3\n" * 20
+    first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": long_task}]
+    with PolicyServer(local_policy, model_name="tiny-qwen3", batch_wait_s=0.0) as s:
+        client = HTTPPolicy(HTTPConfig(base_url=s.base_url, model="tiny-qwen3", max_tokens=6))
+        (reply,) = client([first])
+        second = first + [
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "And test_func(2, 2)?"},
+        ]
+        (again,) = client([second])
+        reused = local_policy.last_stats["reused_tokens"]
+    fresh = LocalPolicy(
+        local_policy.model, local_policy.tokenizer, local_policy.sampling, prefix_cache=None
+    )
+    assert reused >= 100  # the system prompt and the task, at least
+    assert local_policy.last_stats["prefill_tokens"] < len(fresh.encode(second)) - reused + 1
+    assert again == fresh([second])[0]
