@@ -615,13 +615,12 @@ def _store_rows(cache, device_cache, layout, distinct, starts, prefix_width, wid
         u = int(layout.row_source[row])
         prompt, n, length = distinct[u], int(starts[u]), int(lengths[row])
         rest = len(prompt) - 1 - n
-        slots = np.concatenate(
-            [np.arange(prefix_width - n, prefix_width), np.arange(width - rest, width + length)]
-        )
+        # Two contiguous runs of slots: the reused prefix, then the rest of the sequence.
+        head, tail = slice(prefix_width - n, prefix_width), slice(width - rest, width + length)
         cache.add(
             list(prompt) + tokens[row, : length - 1].tolist(),
-            np.stack([k[i][:, slots] for k in keys]),
-            np.stack([v[i][:, :, slots] for v in values]),
+            np.stack([np.concatenate([k[i][:, head], k[i][:, tail]], axis=1) for k in keys]),
+            np.stack([np.concatenate([v[i][..., head], v[i][..., tail]], axis=-1) for v in values]),
         )
 
 
