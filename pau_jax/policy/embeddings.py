@@ -13,18 +13,13 @@ still fails, since a missing vector cannot be replaced by anything meaningful.
 """
 
 import dataclasses
-import json
-import os
 import pathlib
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
-from pau_jax.policy.http import RETRY_STATUS
+from pau_jax.policy.http import env, post_json, with_retries
 
 
 class Embedder(Protocol):
@@ -147,21 +142,14 @@ class LocalEmbedder:
         return self.embed_ids(self.encode(texts))
 
 
-def _env(*names: str) -> str | None:
-    for name in names:
-        if os.environ.get(name):
-            return os.environ[name]
-    return None
-
-
 class HTTPEmbedder:
     """`embed(texts)` over an OpenAI-compatible `/embeddings` endpoint (see module docstring)."""
 
     def __init__(self, config: HTTPEmbeddingConfig = HTTPEmbeddingConfig()):
-        base_url = config.base_url or _env(
+        base_url = config.base_url or env(
             "PAU_OPENAI_EMBEDDING_BASE_URL", "PAU_OPENAI_BASE_URL", "OPENAI_BASE_URL"
         )
-        model = config.model or _env("PAU_OPENAI_EMBEDDING_MODEL")
+        model = config.model or env("PAU_OPENAI_EMBEDDING_MODEL")
         if not base_url:
             raise ValueError(
                 "no embeddings endpoint: set HTTPEmbeddingConfig.base_url or "
@@ -174,44 +162,33 @@ class HTTPEmbedder:
         self.config = config
         self.url = base_url.rstrip("/") + "/embeddings"
         self.model = model
-        self.api_key = config.api_key or _env("PAU_OPENAI_API_KEY", "OPENAI_API_KEY") or ""
+        self.api_key = config.api_key or env("PAU_OPENAI_API_KEY", "OPENAI_API_KEY") or ""
         self.retries = 0
 
     def _post(self, texts: list[str]) -> np.ndarray:
         payload = {"model": self.model, "input": texts, "encoding_format": "float"}
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(
-            self.url, data=json.dumps(payload).encode(), headers=headers, method="POST"
-        )
-        with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:
-            body = json.loads(response.read())
+        body = post_json(self.url, payload, self.api_key, self.config.timeout_s)
         data = sorted(body["data"], key=lambda d: d["index"])
         if [d["index"] for d in data] != list(range(len(texts))):
             raise ValueError(f"expected {len(texts)} embeddings indexed 0..{len(texts) - 1}")
         return np.asarray([d["embedding"] for d in data], np.float64)
 
     def _batch(self, texts: list[str]) -> np.ndarray:
-        c, error = self.config, ""
-        for attempt in range(c.max_retries + 1):
-            if attempt:
-                self.retries += 1
-                time.sleep(min(30.0, c.backoff_s * 2 ** (attempt - 1)))
-            try:
-                return self._post(texts)
-            except urllib.error.HTTPError as e:
-                error = f"HTTP {e.code}: {e.read()[:200].decode(errors='replace')}"
-                if e.code not in RETRY_STATUS:
-                    break
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-                error = f"{type(e).__name__}: {e}"
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                error = f"bad response: {type(e).__name__}: {e}"
-        raise RuntimeError(
-            f"embeddings request to {self.url} failed after {attempt + 1} attempts ({error}); "
-            "check the endpoint and HTTPEmbeddingConfig.model"
+        ok, vectors, attempts, error = with_retries(
+            lambda: self._post(texts),
+            max_retries=self.config.max_retries,
+            backoff_s=self.config.backoff_s,
+            on_retry=self._count_retry,
         )
+        if not ok:
+            raise RuntimeError(
+                f"embeddings request to {self.url} failed after {attempts} attempts ({error}); "
+                "check the endpoint and HTTPEmbeddingConfig.model"
+            )
+        return vectors
+
+    def _count_retry(self) -> None:
+        self.retries += 1
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """[len(texts), D] float32 unit vectors (the endpoint's, renormalised)."""

@@ -71,19 +71,67 @@ class HTTPConfig:
             raise ValueError(f"repetition_penalty must be None or finite and > 0, got {penalty}")
 
 
-def _env(*names: str) -> str | None:
+def env(*names: str) -> str | None:
+    """The value of the first of these environment variables that is set and not empty."""
     for name in names:
         if os.environ.get(name):
             return os.environ[name]
     return None
 
 
+def post_json(url: str, payload: dict, api_key: str, timeout_s: float) -> dict:
+    """POSTs `payload` as JSON (with a bearer token when `api_key` is set); the JSON answer."""
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers=headers, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def with_retries(call, *, max_retries: int, backoff_s: float, on_retry=None):
+    """Runs `call()` until it succeeds, retrying transient failures with exponential backoff.
+
+    Retried: connection errors, timeouts, HTTP statuses in RETRY_STATUS and unusable
+    bodies (`call` raising ValueError, KeyError, IndexError or TypeError). Other HTTP
+    statuses end the attempts at once.
+
+    Args:
+      call: the request; returns the parsed result.
+      max_retries: retries after the first attempt.
+      backoff_s: first backoff; doubles each retry (capped at 30 s).
+      on_retry: called before each retry.
+
+    Returns:
+      (ok, result or None, attempts made, the last error message or '').
+    """
+    error = ""
+    for attempt in range(max_retries + 1):
+        if attempt:
+            if on_retry is not None:
+                on_retry()
+            time.sleep(min(30.0, backoff_s * 2 ** (attempt - 1)))
+        try:
+            return True, call(), attempt + 1, ""
+        except urllib.error.HTTPError as e:
+            error = f"HTTP {e.code}: {e.read()[:200].decode(errors='replace')}"
+            if e.code not in RETRY_STATUS:
+                break
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+            error = f"{type(e).__name__}: {e}"
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            error = f"bad response: {type(e).__name__}: {e}"
+    return False, None, attempt + 1, error
+
+
 class HTTPPolicy:
     """`policy(conversations) -> texts` over an OpenAI-compatible endpoint (see module docstring)."""
 
     def __init__(self, config: HTTPConfig = HTTPConfig()):
-        base_url = config.base_url or _env("PAU_OPENAI_BASE_URL", "OPENAI_BASE_URL")
-        model = config.model or _env("PAU_OPENAI_MODEL")
+        base_url = config.base_url or env("PAU_OPENAI_BASE_URL", "OPENAI_BASE_URL")
+        model = config.model or env("PAU_OPENAI_MODEL")
         if not base_url:
             raise ValueError(
                 "no endpoint: set HTTPConfig.base_url or PAU_OPENAI_BASE_URL (e.g. http://127.0.0.1:8000/v1)"
@@ -93,21 +141,13 @@ class HTTPPolicy:
         self.config = config
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
-        self.api_key = config.api_key or _env("PAU_OPENAI_API_KEY", "OPENAI_API_KEY") or ""
+        self.api_key = config.api_key or env("PAU_OPENAI_API_KEY", "OPENAI_API_KEY") or ""
         self.failures: list[Failure] = []
         self.retries = 0
         self._lock = threading.Lock()
 
     def _post(self, payload: dict) -> dict:
-        request = urllib.request.Request(
-            self.url,
-            data=json.dumps(payload).encode(),
-            headers={"Content-Type": "application/json"}
-            | ({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}),
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:
-            return json.loads(response.read())
+        return post_json(self.url, payload, self.api_key, self.config.timeout_s)
 
     def _one(self, index: int, messages: Sequence[dict]) -> str:
         c = self.config
@@ -122,29 +162,25 @@ class HTTPPolicy:
             payload["seed"] = c.seed
         if c.repetition_penalty is not None:
             payload["repetition_penalty"] = c.repetition_penalty
-        error = ""
-        for attempt in range(c.max_retries + 1):
-            if attempt:
-                with self._lock:
-                    self.retries += 1
-                time.sleep(min(30.0, c.backoff_s * 2 ** (attempt - 1)))
-            try:
-                body = self._post(payload)
-                content = body["choices"][0]["message"]["content"]
-                if not isinstance(content, str):
-                    raise TypeError("message content is not a string")
-                return content
-            except urllib.error.HTTPError as e:
-                error = f"HTTP {e.code}: {e.read()[:200].decode(errors='replace')}"
-                if e.code not in RETRY_STATUS:
-                    break
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-                error = f"{type(e).__name__}: {e}"
-            except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
-                error = f"bad response: {type(e).__name__}: {e}"
+
+        def request() -> str:
+            content = self._post(payload)["choices"][0]["message"]["content"]
+            if not isinstance(content, str):
+                raise TypeError("message content is not a string")
+            return content
+
+        ok, content, attempts, error = with_retries(
+            request, max_retries=c.max_retries, backoff_s=c.backoff_s, on_retry=self._count_retry
+        )
+        if ok:
+            return content
         with self._lock:
-            self.failures.append(Failure(index=index, attempts=attempt + 1, error=error))
+            self.failures.append(Failure(index=index, attempts=attempts, error=error))
         return ""
+
+    def _count_retry(self) -> None:
+        with self._lock:
+            self.retries += 1
 
     def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
         if not conversations:
