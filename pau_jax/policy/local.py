@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pau_jax.sampling import generate, sampler
+from pau_jax.sampling import generate
 from pau_jax.sampling.prefix_cache import PrefixCache
 
 
@@ -192,7 +192,6 @@ class LocalPolicy:
         }
         if not keep:
             return completions
-        counts = sampler.call_counts()
         out = generate(
             self.model,
             [prompts[i] for i in keep],
@@ -205,10 +204,9 @@ class LocalPolicy:
             seed=seed,
             prefix_cache=self.prefix_cache,
         )
-        after = sampler.call_counts()
         self.last_stats.update(
-            prefill_tokens=float(after.get("prefill_tokens", 0) - counts.get("prefill_tokens", 0)),
-            reused_tokens=float(after.get("reused_tokens", 0) - counts.get("reused_tokens", 0)),
+            prefill_tokens=float(out.prefill_tokens),
+            reused_tokens=float(out.reused_tokens),
             generated_tokens=float(np.sum(out.lengths)),
             prefill_seconds=out.prefill_seconds,
             decode_seconds=out.decode_seconds,

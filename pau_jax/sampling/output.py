@@ -23,6 +23,9 @@ class SampleOutput:
       num_prefilled: how many distinct prompts were prefilled.
       prefill_seconds: wall time of the prefill (including any compilation).
       decode_seconds: wall time of the decode loop (including any compilation).
+      prefill_tokens: prompt tokens the prefill computed (distinct prompts, all but their
+        last token, padding excluded).
+      reused_tokens: prompt tokens whose keys and values came from a prefix cache.
     """
 
     tokens: list[list[int]]
@@ -34,6 +37,8 @@ class SampleOutput:
     num_prefilled: int
     prefill_seconds: float
     decode_seconds: float
+    prefill_tokens: int = 0
+    reused_tokens: int = 0
 
     def padded_tokens(self, pad_id: int = 0) -> np.ndarray:
         """Returns the tokens as an [R, max(lengths)] int32 array padded with `pad_id`."""

@@ -454,7 +454,7 @@ def generate(
         mask = jnp.asarray(layout.mask)
         row_source = jnp.asarray(layout.row_source)
         if reuse is None:
-            _CALLS["prefill_tokens"] += sum(len(p) - 1 for p in distinct)
+            prefill_tokens, reused_tokens = sum(len(p) - 1 for p in distinct), 0
             cache = _prefill(
                 graphdef,
                 state,
@@ -465,8 +465,7 @@ def generate(
                 cache_dtype=jnp.dtype(cache_dtype),
             )
         else:
-            _CALLS["prefill_tokens"] += int(reuse.suffix_mask.sum())
-            _CALLS["reused_tokens"] += int(reuse.starts.sum())
+            prefill_tokens, reused_tokens = int(reuse.suffix_mask.sum()), int(reuse.starts.sum())
             width = reuse.width
             rooms = batching.cache_rooms(width, buffer_len)
             cache = _prefill_extend(
@@ -483,6 +482,8 @@ def generate(
             )
         jax.block_until_ready(cache)
         prefilled = time.perf_counter()
+        _CALLS["prefill_tokens"] += prefill_tokens
+        _CALLS["reused_tokens"] += reused_tokens
         stop_ids = np.full(MAX_STOP_IDS, -1, np.int32)
         stop_ids[: len(stop_token_ids)] = stop_token_ids
         # Without a penalty the carry has no seen-token mask and the decode program none.
@@ -527,6 +528,7 @@ def generate(
     return _assemble(
         tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings,
         prefill_seconds=prefilled - start, decode_seconds=decoded - prefilled,
+        prefill_tokens=prefill_tokens, reused_tokens=reused_tokens,
     )  # fmt: skip
 
 
@@ -579,7 +581,6 @@ def _plan_reuse(cache, distinct, layout, config, dtype) -> "_Reuse | None":
         if rest[u]:
             suffix_ids[u, suffix_width - rest[u] :] = prompt[n:-1]
             suffix_mask[u, suffix_width - rest[u] :] = 1
-    cache.stats["reused_tokens"] += int(starts.sum())
     return _Reuse(prefix_k, prefix_v, prefix_mask, suffix_ids, suffix_mask, starts, width)
 
 
