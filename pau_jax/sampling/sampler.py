@@ -21,7 +21,6 @@ the key/value heads where the sizes divide (``sharding.constrain``); otherwise r
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -445,7 +444,9 @@ def generate(
     reuse = None
     if prefix_cache is not None:
         prefix_cache.bind(state, jnp.dtype(cache_dtype))
-        reuse = _plan_reuse(prefix_cache, distinct, layout, config, jnp.dtype(cache_dtype))
+        reuse = prefix_cache_lib.plan_reuse(
+            prefix_cache, distinct, layout, config, jnp.dtype(cache_dtype)
+        )
     with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
         start = time.perf_counter()
         _CALLS["prefill"] += 1
@@ -521,7 +522,7 @@ def generate(
     if prefix_cache is not None:
         prefix_width = 0 if reuse is None else reuse.prefix_mask.shape[1]
         starts = np.zeros(len(distinct), np.int64) if reuse is None else reuse.starts
-        _store_rows(
+        prefix_cache_lib.store_rows(
             prefix_cache, carry["cache"], layout, distinct, starts, prefix_width, width,
             tokens, lengths,
         )  # fmt: skip
@@ -530,99 +531,6 @@ def generate(
         prefill_seconds=prefilled - start, decode_seconds=decoded - prefilled,
         prefill_tokens=prefill_tokens, reused_tokens=reused_tokens,
     )  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class _Reuse:
-    """Host arrays of a prefill on top of cached prefixes (see `_prefill_extend`)."""
-
-    prefix_k: np.ndarray  # [L, U, K, P, H]
-    prefix_v: np.ndarray  # [L, U, K, H, P]
-    prefix_mask: np.ndarray  # [U, P] bool
-    suffix_ids: np.ndarray  # [U, T] int32
-    suffix_mask: np.ndarray  # [U, T] int32
-    starts: np.ndarray  # [U] int32, cached prefix length of each prompt
-    width: int  # P + T, the slot of decode step 0
-
-
-def _plan_reuse(cache, distinct, layout, config, dtype) -> "_Reuse | None":
-    """Matches each distinct prompt against `cache`; None when no prompt reuses anything.
-
-    The prefilled width W = P + T is a prompt-length bucket (so the decode programs are
-    those of a plain call) with T the bucket of the longest remaining part.
-    """
-    matches = [cache.match(p) for p in distinct]
-    cache.stats["lookups"] += len(distinct)
-    cache.stats["hits"] += sum(n > 0 for _, n in matches)
-    if not any(n for _, n in matches):
-        return None
-    height = layout.input_ids.shape[0]
-    starts = np.zeros(height, np.int32)
-    starts[: len(distinct)] = [n for _, n in matches]
-    rest = [len(p) - 1 - n for p, (_, n) in zip(distinct, matches, strict=True)]
-    suffix_width = batching.bucket_size(max(max(rest), 1), **batching.PROMPT_BUCKET)
-    width = batching.bucket_size(int(starts.max()) + suffix_width, **batching.PROMPT_BUCKET)
-    prefix_width = width - suffix_width
-    layers, heads, head_dim = (
-        config.num_hidden_layers,
-        config.num_key_value_heads,
-        config.head_dim,
-    )
-    prefix_k = np.zeros((layers, height, heads, prefix_width, head_dim), dtype)
-    prefix_v = np.zeros((layers, height, heads, head_dim, prefix_width), dtype)
-    prefix_mask = np.zeros((height, prefix_width), bool)
-    suffix_ids = np.zeros((height, suffix_width), np.int32)
-    suffix_mask = np.zeros((height, suffix_width), np.int32)
-    for u, (prompt, (entry, n)) in enumerate(zip(distinct, matches, strict=True)):
-        if n:
-            prefix_k[:, u, :, prefix_width - n :] = entry.keys[:, :, :n]
-            prefix_v[:, u, :, :, prefix_width - n :] = entry.values[:, :, :, :n]
-            prefix_mask[u, prefix_width - n :] = True
-        if rest[u]:
-            suffix_ids[u, suffix_width - rest[u] :] = prompt[n:-1]
-            suffix_mask[u, suffix_width - rest[u] :] = 1
-    return _Reuse(prefix_k, prefix_v, prefix_mask, suffix_ids, suffix_mask, starts, width)
-
-
-def _store_rows(cache, device_cache, layout, distinct, starts, prefix_width, width, tokens,
-                lengths) -> None:  # fmt: skip
-    """Adds each row's prompt and reply (all but its last token, whose keys were never
-    computed) to `cache`, read from the final decode cache.
-
-    A row's prompt occupies slots [P - p, P) (its reused prefix, p tokens) and
-    [W - r, W) (the r tokens prefilled after it), then its last prompt token and reply
-    slots [W, W + length).
-    """
-    first = device_cache.k[0]
-    per_token = 2 * len(device_cache.k) * first.shape[1] * first.shape[3] * first.dtype.itemsize
-    # Only the rows the budget can hold leave the device (all of them, usually).
-    rows, total = [], 0
-    for row in range(layout.num_rows):
-        size = (len(distinct[int(layout.row_source[row])]) + int(lengths[row])) * per_token
-        if total + size > cache.max_bytes:
-            break
-        rows.append(row)
-        total += size
-    if not rows:
-        return
-    # `rows` is 0 .. m - 1. On the CPU backend np.asarray reads the cache in place.
-    if len(rows) == layout.num_rows or jax.default_backend() == "cpu":
-        keys = [np.asarray(k) for k in device_cache.k]
-        values = [np.asarray(v) for v in device_cache.v]
-    else:
-        keys = [np.asarray(k[: len(rows)]) for k in device_cache.k]
-        values = [np.asarray(v[: len(rows)]) for v in device_cache.v]
-    for i, row in enumerate(rows):
-        u = int(layout.row_source[row])
-        prompt, n, length = distinct[u], int(starts[u]), int(lengths[row])
-        rest = len(prompt) - 1 - n
-        # Two contiguous runs of slots: the reused prefix, then the rest of the sequence.
-        head, tail = slice(prefix_width - n, prefix_width), slice(width - rest, width + length)
-        cache.add(
-            list(prompt) + tokens[row, : length - 1].tolist(),
-            np.stack([np.concatenate([k[i][:, head], k[i][:, tail]], axis=1) for k in keys]),
-            np.stack([np.concatenate([v[i][..., head], v[i][..., tail]], axis=-1) for v in values]),
-        )
 
 
 def _assemble(
