@@ -109,3 +109,16 @@ def summarize(records: Sequence[dict]) -> dict:
     sources = sorted({r["source"] for r in records if r.get("source")})
     out["per_source"] = {s: block([r for r in records if r.get("source") == s]) for s in sources}
     return out
+
+
+def gold_shares(summaries: dict) -> dict:
+    """The gold run's code match and every other run's code match as a share of it."""
+    g = summaries.get("gold", {}).get("code_match", {}).get("mean")
+    if g is None:
+        return {}
+    shares = {
+        name: s["code_match"]["mean"] / g
+        for name, s in summaries.items()
+        if name != "gold" and s["code_match"]["mean"] is not None and g > 0
+    }
+    return {"code_match_mean": g, "share_of_gold": shares}

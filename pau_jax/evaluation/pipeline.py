@@ -36,7 +36,6 @@ from collections.abc import Sequence
 
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.evaluation import (
-    failure_modes,
     gold,
     in_context,
     metrics,
@@ -289,91 +288,6 @@ def _load_tasks(dataset, executor, config: EpisodeConfig):
     raise TypeError(f"dataset must be a DatasetConfig or DemoTasksConfig, got {dataset!r}")
 
 
-def _gold_summary(summaries: dict) -> dict:
-    """The gold run's code match and every other run's code match as a share of it."""
-    g = summaries.get("gold", {}).get("code_match", {}).get("mean")
-    if g is None:
-        return {}
-    shares = {
-        name: s["code_match"]["mean"] / g
-        for name, s in summaries.items()
-        if name != "gold" and s["code_match"]["mean"] is not None and g > 0
-    }
-    return {"code_match_mean": g, "share_of_gold": shares}
-
-
-def _interval(values, seed: int, resamples: int) -> dict | None:
-    if not values:
-        return None
-    return dataclasses.asdict(stats.bootstrap_mean(values, n_resamples=resamples, seed=seed))
-
-
-def _comparison(a: dict, b: dict, key: str, seed: int, resamples: int) -> dict | None:
-    common = sorted(
-        t for t in a if t in b and a[t].get(key) is not None and b[t].get(key) is not None
-    )
-    if not common:
-        return None
-    x = [float(a[t][key]) for t in common]
-    y = [float(b[t][key]) for t in common]
-    out = dataclasses.asdict(stats.paired_bootstrap(x, y, n_resamples=resamples, seed=seed))
-    out["p_value"] = stats.paired_permutation_test(x, y, n_permutations=resamples, seed=seed)
-    out["n"] = len(common)
-    return out
-
-
-def _score_run(
-    records,
-    references,
-    path: pathlib.Path,
-    *,
-    judge_policy,
-    coder_policy,
-    executor,
-    with_observations: bool,
-    judged: dict | None,
-    attribute: bool,
-    low_code_match: float,
-    low_judge_score: int,
-    batch_size: int,
-    timeout_s: float,
-) -> list[dict]:
-    """Scores the records not yet in `path` in chunks (appending each), returns all scored ones."""
-    done = runner.finished_ids(path) if path.exists() else set()
-    runner.drop_torn_tail(path)  # a line cut by a crash must not swallow the next record
-    pending = [r for r in records if r["task_id"] not in done]
-    golds = {t: ref.description for t, ref in references.items()}
-    for start in range(0, len(pending), batch_size):
-        chunk = pending[start : start + batch_size]
-        scored = score.score_episodes(
-            chunk,
-            references,
-            judge_policy=None if judged is not None else judge_policy,
-            coder_policy=coder_policy,
-            executor=executor,
-            with_observations=with_observations,
-            timeout_s=timeout_s,
-        )
-        if judged is not None:  # Judge fields come from the run that was judged already.
-            keys = ("judge_score", "judge_raw", "judge_skipped")
-            scored = [dict(r, **{k: judged[r["task_id"]][k] for k in keys}) for r in scored]
-        if attribute:
-            scored = failure_modes.attribute(
-                scored,
-                judge_policy,
-                golds=golds,
-                code_match_below=low_code_match,
-                judge_below=low_judge_score,
-            )
-        with path.open("a") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in scored)
-        print(
-            f"[eval] scored {min(start + batch_size, len(pending))}/{len(pending)} -> {path.name}"
-        )
-    wanted = {r["task_id"] for r in records}
-    return [r for r in runner.load_records(path) if r["task_id"] in wanted]
-
-
 def _train_dataset(dataset, train_dataset):
     """The train split the memory and ft baselines learn from."""
     if train_dataset is not None:
@@ -536,7 +450,7 @@ def evaluate(
                 missing = gold.record_missing(records, references, gold_path)
                 if missing:
                     print(f"[eval] gold: {missing} tasks have no gold description", flush=True)
-                _score_run(
+                score.score_into_file(
                     [r for r in records if r["prediction"]],
                     references,
                     gold_path,
@@ -619,7 +533,7 @@ def evaluate(
             judged = None
             for with_obs in coder_observations:
                 name = f"{mode}+observations" if with_obs else mode
-                scored = _score_run(
+                scored = score.score_into_file(
                     records,
                     references,
                     out / f"{name}_scored.jsonl",
@@ -646,8 +560,8 @@ def evaluate(
     for name, records in runs.items():
         matches = [r["code_match"] for r in records if r.get("code_match") is not None]
         judged_scores = [r["judge_score"] for r in records if r.get("judge_score") is not None]
-        ivs = {"code_match": _interval(matches, seed, n_boot)}
-        ivs["judge"] = _interval(judged_scores, seed, n_boot)
+        ivs = {"code_match": stats.bootstrap_interval(matches, seed, n_boot)}
+        ivs["judge"] = stats.bootstrap_interval(judged_scores, seed, n_boot)
         intervals[name] = {k: v for k, v in ivs.items() if v is not None}
     comparisons, ensembles = {}, {}
     for (first, second), suffix in itertools.product(PAIRED, ("", "+observations")):
@@ -657,7 +571,8 @@ def evaluate(
         by_a = {r["task_id"]: r for r in a}
         by_b = {r["task_id"]: r for r in b}
         pair = {
-            key: _comparison(by_a, by_b, key, seed, n_boot) for key in ("code_match", "judge_score")
+            key: stats.paired_comparison(by_a, by_b, key, seed, n_boot)
+            for key in ("code_match", "judge_score")
         }
         comparisons[f"{first}{suffix} vs {second}{suffix}"] = {
             k: v for k, v in pair.items() if v is not None
@@ -678,7 +593,7 @@ def evaluate(
             "code_match_mean": sum(best.values()) / len(best),
             "n": len(best),
         }
-    gold_summary = _gold_summary(summaries)
+    gold_summary = metrics.gold_shares(summaries)
     result = {
         "grading": grading,
         "agent": _describe_backend(policy),

@@ -1,9 +1,11 @@
 """Scores finished episodes: judge rating and code match, added to each episode record."""
 
 import dataclasses
+import json
+import pathlib
 from collections.abc import Sequence
 
-from pau_jax.evaluation import code_match, judge
+from pau_jax.evaluation import code_match, failure_modes, judge, runner
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -113,3 +115,55 @@ def score_episodes(
             )
         )
     return out
+
+
+def score_into_file(
+    records,
+    references,
+    path: pathlib.Path,
+    *,
+    judge_policy,
+    coder_policy,
+    executor,
+    with_observations: bool,
+    judged: dict | None,
+    attribute: bool,
+    low_code_match: float,
+    low_judge_score: int,
+    batch_size: int,
+    timeout_s: float,
+) -> list[dict]:
+    """Scores the records not yet in `path` in chunks (appending each), returns all scored ones."""
+    done = runner.finished_ids(path) if path.exists() else set()
+    runner.drop_torn_tail(path)  # a line cut by a crash must not swallow the next record
+    pending = [r for r in records if r["task_id"] not in done]
+    golds = {t: ref.description for t, ref in references.items()}
+    for start in range(0, len(pending), batch_size):
+        chunk = pending[start : start + batch_size]
+        scored = score_episodes(
+            chunk,
+            references,
+            judge_policy=None if judged is not None else judge_policy,
+            coder_policy=coder_policy,
+            executor=executor,
+            with_observations=with_observations,
+            timeout_s=timeout_s,
+        )
+        if judged is not None:  # Judge fields come from the run that was judged already.
+            keys = ("judge_score", "judge_raw", "judge_skipped")
+            scored = [dict(r, **{k: judged[r["task_id"]][k] for k in keys}) for r in scored]
+        if attribute:
+            scored = failure_modes.attribute(
+                scored,
+                judge_policy,
+                golds=golds,
+                code_match_below=low_code_match,
+                judge_below=low_judge_score,
+            )
+        with path.open("a") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in scored)
+        print(
+            f"[eval] scored {min(start + batch_size, len(pending))}/{len(pending)} -> {path.name}"
+        )
+    wanted = {r["task_id"] for r in records}
+    return [r for r in runner.load_records(path) if r["task_id"] in wanted]

@@ -122,3 +122,26 @@ def max_ensemble(runs: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
             missing = sorted(items ^ set(runs[name]))[:5]
             raise ValueError(f"run {name!r} scores different items than {names[0]!r}: {missing}")
     return {item: max(runs[name][item] for name in names) for item in sorted(items)}
+
+
+def bootstrap_interval(values, seed: int, resamples: int) -> dict | None:
+    """`bootstrap_mean` of `values` as a dict; None for no values."""
+    if not values:
+        return None
+    return dataclasses.asdict(bootstrap_mean(values, n_resamples=resamples, seed=seed))
+
+
+def paired_comparison(a: dict, b: dict, key: str, seed: int, resamples: int) -> dict | None:
+    """Paired bootstrap and permutation p of `key` over the tasks both runs scored (dicts
+    task id -> record); None when they share none."""
+    common = sorted(
+        t for t in a if t in b and a[t].get(key) is not None and b[t].get(key) is not None
+    )
+    if not common:
+        return None
+    x = [float(a[t][key]) for t in common]
+    y = [float(b[t][key]) for t in common]
+    out = dataclasses.asdict(paired_bootstrap(x, y, n_resamples=resamples, seed=seed))
+    out["p_value"] = paired_permutation_test(x, y, n_permutations=resamples, seed=seed)
+    out["n"] = len(common)
+    return out
