@@ -1,10 +1,22 @@
 """Flax NNX language models with Hugging Face checkpoints and LoRA adapters."""
 
-from pau_jax.models import auto, kv_cache, layers, llama, lora, qwen3, qwen3_moe, sharding, weights
-from pau_jax.models.auto import load_hf
+from pau_jax.models import (
+    auto,
+    decoder,
+    kv_cache,
+    layers,
+    llama,
+    lora,
+    qwen3,
+    qwen3_moe,
+    sharding,
+    weights,
+)
+from pau_jax.models.auto import load_hf, random_checkpoint
 
 __all__ = [
     "auto",
+    "decoder",
     "kv_cache",
     "layers",
     "llama",
@@ -12,6 +24,7 @@ __all__ = [
     "lora",
     "qwen3",
     "qwen3_moe",
+    "random_checkpoint",
     "sharding",
     "weights",
 ]

@@ -1,12 +1,16 @@
-"""Loads any supported Hugging Face checkpoint directory by the `model_type` in its config.json."""
+"""The model families by config.json `model_type`: load any checkpoint, write a random one."""
 
 import json
 import pathlib
 
-from pau_jax.models import llama, qwen3, qwen3_moe, sharding
+from flax import nnx
 
-# config.json `model_type` -> the module that reads that architecture.
-ARCHITECTURES = {"qwen3": qwen3, "qwen3_moe": qwen3_moe, "llama": llama}
+from pau_jax.models import decoder, llama, qwen3, qwen3_moe, sharding
+
+# config.json `model_type` -> its family (`decoder.Family`); the one list of supported models.
+ARCHITECTURES: dict[str, decoder.Family] = {
+    family.model_type: family for family in (qwen3.FAMILY, qwen3_moe.FAMILY, llama.FAMILY)
+}
 
 
 def model_type(path: str | pathlib.Path) -> str:
@@ -28,6 +32,53 @@ def load_hf(
     mesh=None,
     *,
     rules: sharding.Rules = sharding.LOGICAL_RULES,
-):
-    """(model, config) of a Qwen3, Qwen3-MoE or Llama checkpoint directory (see `qwen3.load_hf`)."""
+) -> tuple[decoder.Decoder, decoder.DecoderConfig]:
+    """(model, config) of a checkpoint directory of any family (see `decoder.load_hf`)."""
     return ARCHITECTURES[model_type(path)].load_hf(path, dtype, mesh, rules=rules)
+
+
+def random_checkpoint(
+    config: decoder.DecoderConfig,
+    path: str | pathlib.Path,
+    *,
+    seed: int = 0,
+    dtype="float32",
+    tokenizer: bool = True,
+) -> pathlib.Path:
+    """Writes a randomly initialised model of `config` as a Hugging Face checkpoint directory.
+
+    The parameters are those of `decoder.Decoder(config, rngs=nnx.Rngs(seed))`;
+    `load_hf(path)` reads them back.
+
+    Args:
+      config: the config of a family in `ARCHITECTURES` (e.g. a `qwen3.Qwen3Config`).
+      path: a directory without a checkpoint in it (created if needed).
+      seed: the seed of the initial parameters.
+      dtype: parameter dtype, e.g. "float32" or "bfloat16".
+      tokenizer: also write the offline Qwen3 tokenizer (`tokenizer.save_offline_tokenizer`);
+        its ids must fit `config.vocab_size`.
+
+    Returns:
+      The directory as a path.
+    """
+    family = ARCHITECTURES.get(getattr(config, "model_type", None))
+    if family is None or not isinstance(config, family.config):
+        raise ValueError(
+            f"random_checkpoint: {type(config).__name__} is not a registered family; "
+            f"register it in auto.ARCHITECTURES (supported: {sorted(ARCHITECTURES)})"
+        )
+    path = pathlib.Path(path)
+    if tokenizer:
+        from pau_jax import tokenizer as tokenizer_lib
+
+        size = len(tokenizer_lib.offline_qwen3_tokenizer())
+        if size > config.vocab_size:
+            raise ValueError(
+                f"random_checkpoint: the offline Qwen3 tokenizer has {size} tokens but "
+                f"vocab_size is {config.vocab_size}; pass tokenizer=False or a larger vocabulary"
+            )
+    model = decoder.Decoder(config, dtype=dtype, rngs=nnx.Rngs(seed))
+    family.save_hf(model, config, path)
+    if tokenizer:
+        tokenizer_lib.save_offline_tokenizer(path)
+    return path

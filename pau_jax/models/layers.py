@@ -1,4 +1,4 @@
-"""Decoder building blocks shared by Qwen3-style models: linear, RMSNorm, RoPE, attention, MLP.
+"""Decoder building blocks shared by every model family: linear, RMSNorm, RoPE, attention, MLP.
 
 Every parameter carries logical axis names (``out_sharding`` metadata) drawn from
 ``embed`` (D), ``heads`` (N*H), ``kv_heads`` (K*H), ``head_dim`` (H), ``mlp`` (F)
@@ -9,11 +9,10 @@ head axis. ``sharding.py`` maps these names to mesh axes. Activations are
 constrained (``sharding.constrain``) at block boundaries, after the attention
 heads and inside the MLP; without a mesh context these are no-ops.
 
-The modules read their sizes from a config object with the fields of
-``qwen3.Qwen3Config`` (``hidden_size``, ``num_attention_heads``,
-``num_key_value_heads``, ``head_dim``, ``intermediate_size``, ``rms_norm_eps``,
-``qk_norm``) and their rotary frequencies from its ``rope_frequencies()``, so
-other decoders of the same shape (Llama 3) reuse them with their own configs.
+The modules read their sizes from a ``decoder.DecoderConfig`` (``hidden_size``,
+``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
+``intermediate_size``, ``rms_norm_eps``, ``qk_norm``) and their rotary
+frequencies from its ``rope_frequencies()``, so every family reuses them.
 """
 
 from typing import Any

@@ -1,10 +1,8 @@
-"""Qwen3-MoE causal language models: a config for the shared decoder with sparse expert blocks.
+"""Qwen3-MoE: the Qwen3 decoder in which sparse layers swap the MLP for routed SwiGLU experts.
 
-Qwen3-MoE is the decoder of ``qwen3.py`` in which some layers replace the dense
-SwiGLU block with a top-k routed mixture of SwiGLU experts, so the model class,
-attention, KV cache, LoRA and sampler are shared; the config chooses each
-layer's block (``mlp_class``). Experts are stacked on an ``expert`` logical axis
-(gate and up kernels [E, D, F], down kernels [E, F, D]).
+The config chooses each layer's block (``mlp_class``); model, attention, KV
+cache, LoRA and sampler are the shared ``decoder.py`` ones. Experts are stacked
+on an ``expert`` logical axis (gate and up kernels [E, D, F], down kernels [E, F, D]).
 
 Routing follows transformers' ``Qwen3MoeSparseMoeBlock``: router logits in the
 parameter dtype, a float32 softmax over all experts, the top k probabilities,
@@ -16,20 +14,13 @@ exact, but E / k times the FLOPs of a grouped matmul).
 """
 
 import dataclasses
-import pathlib
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pau_jax.models import layers, qwen3, sharding
-
-_ARCHITECTURE = "Qwen3MoeForCausalLM"
-
-# The model is the shared decoder; the Qwen3MoeConfig it is built with picks each layer's block.
-Qwen3MoeForCausalLM = qwen3.Qwen3ForCausalLM
-abstract_model = qwen3.abstract_model
+from pau_jax.models import decoder, layers, qwen3
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,6 +33,10 @@ class Qwen3MoeConfig(qwen3.Qwen3Config):
     loss weight of pre-training) is kept for the config round trip and unused.
     """
 
+    model_type = "qwen3_moe"
+    architecture = "Qwen3MoeForCausalLM"
+    family_name = "Qwen3-MoE"
+
     num_experts: int
     num_experts_per_tok: int
     moe_intermediate_size: int
@@ -52,8 +47,6 @@ class Qwen3MoeConfig(qwen3.Qwen3Config):
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.qk_norm:
-            raise ValueError("Qwen3-MoE has q/k norms; qk_norm must be True")
         if self.num_experts < 0 or self.decoder_sparse_step <= 0:
             raise ValueError(
                 f"num_experts ({self.num_experts}) must be >= 0 and decoder_sparse_step "
@@ -83,80 +76,47 @@ class Qwen3MoeConfig(qwen3.Qwen3Config):
         """``SparseMoeBlock`` for sparse layers, the dense SwiGLU ``layers.MLP`` otherwise."""
         return SparseMoeBlock if self.is_sparse(layer_index) else layers.MLP
 
+    def mlp_parameters(self, layer_index: int, *, active: bool = False) -> int:
+        """Parameters of a layer's block; a sparse one counts k experts when ``active``."""
+        if not self.is_sparse(layer_index):
+            return super().mlp_parameters(layer_index)
+        experts = self.num_experts_per_tok if active else self.num_experts
+        d = self.hidden_size
+        return d * self.num_experts + experts * 3 * d * self.moe_intermediate_size
+
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any], *, source: str = "config") -> "Qwen3MoeConfig":
-        """Reads a Hugging Face Qwen3-MoE config dict (transformers 4 or 5 form).
-
-        The expert count is ``num_experts`` (the official files) or
-        ``num_local_experts`` (what transformers 5 writes); the RoPE base comes
-        from ``rope_parameters`` or ``rope_theta``.
-
-        Raises:
-          ValueError: the dict is not a Qwen3-MoE causal-LM config, or uses a
-            feature this model lacks (sliding window, attention bias, RoPE scaling).
-        """
-        if d.get("model_type") != "qwen3_moe":
-            raise ValueError(
-                f"{source} has model_type {d.get('model_type')!r}; only Qwen3-MoE checkpoints "
-                "(model_type 'qwen3_moe') can be loaded"
-            )
-        architectures = d.get("architectures") or [_ARCHITECTURE]
-        if _ARCHITECTURE not in architectures:
-            raise ValueError(
-                f"{source} describes {architectures}; only {_ARCHITECTURE} is supported"
-            )
+    def _from_hf_extra(cls, d: dict[str, Any], *, rope: dict[str, Any], source: str) -> dict:
+        """The expert fields; the count is ``num_experts`` or (transformers 5) ``num_local_experts``."""
+        del rope
         missing = [k for k in ("num_experts_per_tok", "moe_intermediate_size") if k not in d]
         if "num_experts" not in d and "num_local_experts" not in d:
             missing.append("num_experts")
         if missing:
-            raise ValueError(f"{source} lacks {missing[0]!r}, which a Qwen3-MoE config needs")
-        # The dense reader checks the shared fields; it accepts only model_type "qwen3".
-        dense = qwen3.Qwen3Config.from_hf_dict(
-            dict(d, model_type="qwen3", architectures=["Qwen3ForCausalLM"]), source=source
-        )
-        experts = d["num_experts"] if "num_experts" in d else d["num_local_experts"]
-        return cls(
-            **{f.name: getattr(dense, f.name) for f in dataclasses.fields(qwen3.Qwen3Config)},
-            num_experts=experts,
-            num_experts_per_tok=d["num_experts_per_tok"],
-            moe_intermediate_size=d["moe_intermediate_size"],
-            norm_topk_prob=bool(d.get("norm_topk_prob", False)),
-            decoder_sparse_step=d.get("decoder_sparse_step", 1),
-            mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
-            router_aux_loss_coef=float(d.get("router_aux_loss_coef", 0.001)),
-        )
+            raise ValueError(
+                f"{source} lacks {missing[0]!r}, which a {cls.family_name} config needs"
+            )
+        return {
+            "num_experts": d["num_experts"] if "num_experts" in d else d["num_local_experts"],
+            "num_experts_per_tok": d["num_experts_per_tok"],
+            "moe_intermediate_size": d["moe_intermediate_size"],
+            "norm_topk_prob": bool(d.get("norm_topk_prob", False)),
+            "decoder_sparse_step": d.get("decoder_sparse_step", 1),
+            "mlp_only_layers": tuple(d.get("mlp_only_layers") or ()),
+            "router_aux_loss_coef": float(d.get("router_aux_loss_coef", 0.001)),
+        }
 
-    def to_hf_dict(self) -> dict[str, Any]:
-        """The Hugging Face ``config.json`` dict (readable by transformers 4 and 5)."""
-        d = super().to_hf_dict()
-        d.update(
-            architectures=[_ARCHITECTURE],
-            model_type="qwen3_moe",
-            num_experts=self.num_experts,
-            num_experts_per_tok=self.num_experts_per_tok,
-            moe_intermediate_size=self.moe_intermediate_size,
-            norm_topk_prob=self.norm_topk_prob,
-            decoder_sparse_step=self.decoder_sparse_step,
-            mlp_only_layers=list(self.mlp_only_layers),
-            router_aux_loss_coef=self.router_aux_loss_coef,
-            output_router_logits=False,
-        )
-        return d
-
-    def num_parameters(self, *, active: bool = False) -> int:
-        """Parameters of the model (with ``active``, those one token uses: k experts per layer)."""
-        d, n, k = self.hidden_size, self.num_attention_heads, self.num_key_value_heads
-        h = self.head_dim
-        attention = 2 * d * n * h + 2 * d * k * h + 2 * h
-        total = (1 if self.tie_word_embeddings else 2) * self.vocab_size * d + d
-        for i in range(self.num_hidden_layers):
-            total += attention + 2 * d
-            if self.is_sparse(i):
-                experts = self.num_experts_per_tok if active else self.num_experts
-                total += d * self.num_experts + experts * 3 * d * self.moe_intermediate_size
-            else:
-                total += 3 * d * self.intermediate_size
-        return total
+    def _to_hf_extra(self) -> dict[str, Any]:
+        return {
+            **super()._to_hf_extra(),
+            "num_experts": self.num_experts,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "norm_topk_prob": self.norm_topk_prob,
+            "decoder_sparse_step": self.decoder_sparse_step,
+            "mlp_only_layers": list(self.mlp_only_layers),
+            "router_aux_loss_coef": self.router_aux_loss_coef,
+            "output_router_logits": False,
+        }
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype) -> nnx.Param:
@@ -282,40 +242,10 @@ PRESETS: dict[str, Qwen3MoeConfig] = {
     ),
 }
 
+FAMILY = decoder.Family(config=Qwen3MoeConfig, presets=PRESETS)
 
-def load_hf(
-    path: str | pathlib.Path,
-    dtype="float32",
-    mesh: jax.sharding.Mesh | None = None,
-    *,
-    rules: sharding.Rules = sharding.LOGICAL_RULES,
-) -> tuple[qwen3.Qwen3ForCausalLM, Qwen3MoeConfig]:
-    """Loads a Hugging Face ``Qwen3MoeForCausalLM`` checkpoint directory (see ``qwen3.load_hf``).
-
-    Experts may be stored per expert (``mlp.experts.{i}.gate_proj.weight``, what
-    ``save_pretrained`` writes) or fused (``mlp.experts.gate_up_proj``).
-
-    Args:
-      path: directory with ``config.json`` and ``model.safetensors`` (or an index and shards).
-      dtype: parameter dtype, e.g. "float32" or "bfloat16".
-      mesh: optional device mesh.
-      rules: logical-axis to mesh-axis rules.
-
-    Returns:
-      (model, config).
-    """
-    config = Qwen3MoeConfig.from_json(pathlib.Path(path))
-    return qwen3.load_weights(config, path, dtype, mesh, rules=rules), config
-
-
-def save_hf(
-    model: qwen3.Qwen3ForCausalLM,
-    config: Qwen3MoeConfig,
-    path: str | pathlib.Path,
-    *,
-    max_shard_bytes: int | None = None,
-) -> None:
-    """Writes a ``Qwen3MoeForCausalLM`` checkpoint (experts per expert) that ``transformers`` loads."""
-    if not isinstance(config, Qwen3MoeConfig):
-        raise ValueError(f"save_hf: expected a Qwen3MoeConfig, got {type(config).__name__}")
-    qwen3.save_hf(model, config, path, max_shard_bytes=max_shard_bytes)
+# The model is the shared decoder; the Qwen3MoeConfig it is built with picks each layer's block.
+Qwen3MoeForCausalLM = decoder.Decoder
+abstract_model = decoder.abstract_model
+load_hf = FAMILY.load_hf
+save_hf = FAMILY.save_hf

@@ -198,7 +198,7 @@ def test_preset_parameter_counts_match_the_official_totals(name):
     leaves = jax.tree.leaves(nnx.state(abstract, nnx.Param))
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)  # nothing allocated
     total = sum(x.size for x in leaves)
-    assert total == OFFICIAL_TOTALS[name] == _count_from_shapes(config)
+    assert total == OFFICIAL_TOTALS[name] == _count_from_shapes(config) == config.num_parameters()
 
 
 GIN_PRESETS = {
