@@ -36,14 +36,15 @@ import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from pau_jax import models  # noqa: E402
+from pau_jax.env import runner  # noqa: E402
 from pau_jax.env.episode import EpisodeConfig  # noqa: E402
-from pau_jax.evaluation import runner  # noqa: E402
-from pau_jax.evaluation import tasks as tasks_lib  # noqa: E402
 from pau_jax.models import qwen3  # noqa: E402
-from pau_jax.policy.local import LocalPolicy, SamplingConfig  # noqa: E402
+from pau_jax.policy.config import SamplingConfig  # noqa: E402
+from pau_jax.policy.local import LocalPolicy  # noqa: E402
 from pau_jax.sampling import sampler  # noqa: E402
 from pau_jax.sampling.prefix_cache import PrefixCache  # noqa: E402
 from pau_jax.sandbox import Executor  # noqa: E402
+from pau_jax.tasks import pau_dataset as tasks_lib  # noqa: E402
 from pau_jax.tokenizer import load_tokenizer, save_offline_tokenizer  # noqa: E402
 
 SMOLLM2 = pathlib.Path("~/.cache/pau_jax/smollm2-135m-instruct").expanduser()

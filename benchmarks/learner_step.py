@@ -137,7 +137,7 @@ def main():
         logits_chunk_tokens=args.logits_chunk_tokens,
         grpo=GRPOConfig(beta=args.beta),
     )
-    train_step = learner.TrainStep(model, learner_config)
+    train_step = learner.make_train_step(model, learner_config)
     state = learner.init_state(model, learner_config)
     batch = make_batch(config, batch=args.batch, seq=args.seq, completion=args.completion)
     print(f"devices: {jax.devices()}")
@@ -148,7 +148,7 @@ def main():
     )
 
     start = time.perf_counter()
-    compiled = train_step.jitted.lower(train_step.base, state, batch).compile()
+    compiled = train_step.lower(state, batch).compile()
     print(f"compile: {time.perf_counter() - start:.1f} s")
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost

@@ -1,10 +1,11 @@
 """The functions gin binds, one per run mode; wiring only, no algorithms here."""
 
+import dataclasses
 import json
 import pathlib
 import time
 
-from pau_jax.policy.local import SamplingConfig
+from pau_jax.policy.config import SamplingConfig
 
 _REGISTERED = []
 
@@ -15,8 +16,9 @@ CONFIG_MODULES = (
     "pau_jax.models.llama",
     "pau_jax.models.qwen3_moe",
     "pau_jax.env.episode",
-    "pau_jax.policy.local",
+    "pau_jax.policy.config",  # SamplingConfig
     "pau_jax.policy.http",
+    "pau_jax.policy.backends",  # the *BackendConfig seats
     "pau_jax.rl.rewards",
     "pau_jax.rl.grpo",
     "pau_jax.rl.learner",
@@ -24,7 +26,8 @@ CONFIG_MODULES = (
     "pau_jax.rl.rollout",
     "pau_jax.rl.loop",
     "pau_jax.sft.trainer",
-    "pau_jax.evaluation.pipeline",
+    "pau_jax.tasks",  # DatasetConfig, DemoTasksConfig (task sources of every run mode)
+    "pau_jax.training.run",  # ActorConfig (the trained model and its adapters)
     "pau_jax.parallel",
     "pau_jax.evaluation.memory",  # MemoryConfig (the memory baseline)
     "pau_jax.policy.embeddings",  # LocalEmbeddingConfig, HTTPEmbeddingConfig
@@ -44,6 +47,7 @@ FUNCTIONS = (
 ENTRIES = {
     "quickstart": ("pau_jax.experiment", "quickstart"),
     "train": ("pau_jax.rl.loop", "train"),
+    "distill": ("pau_jax.sft.distill", "distill"),
     "eval": ("pau_jax.evaluation.pipeline", "evaluate"),
 }
 
@@ -93,7 +97,12 @@ def register_configurables() -> None:
 
 
 # The gin names of the entry functions: `pau_jax.experiment.train`, ... .
-ENTRY_NAMES = {"quickstart": "quickstart", "train": "train", "eval": "evaluate"}
+ENTRY_NAMES = {
+    "quickstart": "quickstart",
+    "train": "train",
+    "distill": "distill",
+    "eval": "evaluate",
+}
 
 
 def run_defaults(*, run_mode: str = "train") -> str:
@@ -104,7 +113,7 @@ def run_defaults(*, run_mode: str = "train") -> str:
 
 
 def _scored(eval_dir: pathlib.Path, mode: str) -> list[dict]:
-    from pau_jax.evaluation import runner
+    from pau_jax.env import runner
 
     return runner.load_records(eval_dir / f"{mode}_scored.jsonl")
 
@@ -134,6 +143,7 @@ def quickstart(
     checkpoint: str | None = None,
     train_fn=None,
     evaluate_fn=None,
+    actor=None,
     data_dir: str = "~/tensorflow_datasets",
     dataset_config: str = "debug",
     manual_dir: str | None = None,
@@ -169,8 +179,10 @@ def quickstart(
       checkpoint: a Hugging Face checkpoint directory to use instead of a random
         model (gin: a path, or `@pau_jax.tools.fetch_smollm2.ensure_checkpoint()`).
       train_fn: the training function, called with keyword arguments (`run_dir`,
-        `checkpoint`, `dtype`, `seed`, `dataset_config`, `data_dir`, `split`); gin
-        binds the configured `pau_jax.experiment.train`. Default `pau_jax.rl.loop.train`.
+        `actor`, `seed`, `dataset`); gin binds the configured
+        `pau_jax.experiment.train`. Default `pau_jax.rl.loop.train`.
+      actor: the adapters' settings (`training.run.ActorConfig`); its checkpoint and
+        dtype are this run's.
       evaluate_fn: the evaluation function, called with keyword arguments (`run_dir`,
         `policy`, `judge`, `coder`, `dataset`, `modes`, `bootstrap_seed`,
         `bootstrap_resamples`, `title`); gin binds the configured
@@ -191,13 +203,12 @@ def quickstart(
     Returns:
       The summary written to `run_dir/summary.json`.
     """
-    from flax import nnx
-
+    from pau_jax import models
     from pau_jax.evaluation import pipeline, report
-    from pau_jax.evaluation import tasks as tasks_lib
-    from pau_jax.models import qwen3
+    from pau_jax.policy import backends
     from pau_jax.rl import loop
-    from pau_jax.tokenizer import save_offline_tokenizer
+    from pau_jax.tasks import DatasetConfig, pau_dataset
+    from pau_jax.training.run import ActorConfig
 
     train_fn = train_fn or loop.train
     evaluate_fn = evaluate_fn or pipeline.evaluate
@@ -216,7 +227,7 @@ def quickstart(
             "(a Hugging Face directory)"
         )
     t = stage(1, f"dataset pau/{dataset_config} under {data_dir}")
-    tasks_lib.ensure_built(data_dir, config=dataset_config, manual_dir=manual_dir)
+    pau_dataset.ensure_built(data_dir, config=dataset_config, manual_dir=manual_dir)
     if checkpoint is not None:
         real = True
         checkpoint = pathlib.Path(checkpoint).expanduser()
@@ -235,10 +246,7 @@ def quickstart(
         real = False
         checkpoint = out / "checkpoint"
         if not (checkpoint / "config.json").exists():
-            fresh = qwen3.Qwen3ForCausalLM(model_config, rngs=nnx.Rngs(seed))
-            qwen3.save_hf(fresh, model_config, checkpoint)
-            save_offline_tokenizer(checkpoint)
-            del fresh
+            models.random_checkpoint(model_config, checkpoint, seed=seed)
         model_text = (
             f"random {model_config.num_hidden_layers}-layer Qwen3 (hidden "
             f"{model_config.hidden_size}) over the real Qwen3 vocabulary: scores measure the "
@@ -250,19 +258,19 @@ def quickstart(
         )
     seconds["setup"] = time.perf_counter() - t
 
-    dataset = pipeline.DatasetConfig(
+    dataset = DatasetConfig(
         config=dataset_config,
         split=eval_split,
         data_dir=data_dir,
         limit=eval_limit,
         sources=eval_sources,
     )
-    base = pipeline.LocalBackendConfig(
+    base = backends.LocalBackendConfig(
         checkpoint_dir=str(checkpoint), sampling=judge_sampling, dtype=dtype
     )
 
     def run_eval(name: str, adapter: str | None, title: str) -> dict:
-        agent = pipeline.LocalBackendConfig(
+        agent = backends.LocalBackendConfig(
             checkpoint_dir=str(checkpoint),
             sampling=agent_sampling,
             adapter_dir=adapter,
@@ -287,12 +295,9 @@ def quickstart(
     t = stage(3, f"AAC training on pau/{dataset_config} {train_split} (frozen base as critic)")
     trained = train_fn(
         run_dir=str(out / "train"),
-        checkpoint=str(checkpoint),
-        dtype=dtype,
+        actor=dataclasses.replace(actor or ActorConfig(), checkpoint=str(checkpoint), dtype=dtype),
         seed=seed,
-        dataset_config=dataset_config,
-        data_dir=data_dir,
-        split=train_split,
+        dataset=DatasetConfig(config=dataset_config, data_dir=data_dir, split=train_split),
     )
     seconds["train"] = time.perf_counter() - t
     adapter = out / "train" / "adapter"

@@ -5,7 +5,7 @@
     model, _ = qwen3.load_hf(path, mesh=mesh)                # learner layout
     lora.apply_lora(model, ...); parallel.shard_model(model, mesh)
     state = parallel.shard_state(learner.init_state(model, config), mesh)
-    step = learner.TrainStep(model, config, **parallel.train_step_shardings(model, state, mesh))
+    step = learner.make_train_step(model, config, **parallel.train_step_shardings(model, state, mesh))
     state, metrics = step(state, parallel.shard_batch(local_batch, mesh))
     seconds = parallel.reshard(model, mesh, parallel.SAMPLER_RULES)   # weights for rollouts
 
@@ -243,7 +243,7 @@ def shard_batch(tree, mesh: jax.sharding.Mesh, rules: Rules = LEARNER_RULES):
 def train_step_shardings(
     model: nnx.Module, state, mesh: jax.sharding.Mesh, rules: Rules = LEARNER_RULES
 ) -> dict:
-    """Keyword arguments for ``learner.TrainStep``: in/out shardings from the rules, and the mesh.
+    """Keyword arguments for ``training.step.make_train_step``: in/out shardings from the rules, and the mesh.
 
     The base weights follow their logical axes, the train state is sharded like
     the LoRA parameters (optimizer moments share their metadata), the batch is

@@ -16,15 +16,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 REDUCED = (
     "--gin.pau_jax.experiment.quickstart.eval_limit=3",
     "--gin.EVAL_CALL_BUDGET=1",
-    "--gin.agent/pau_jax.policy.local.SamplingConfig.max_new_tokens=8",
-    "--gin.judge/pau_jax.policy.local.SamplingConfig.max_new_tokens=8",
+    "--gin.agent/pau_jax.policy.config.SamplingConfig.max_new_tokens=8",
+    "--gin.judge/pau_jax.policy.config.SamplingConfig.max_new_tokens=8",
     "--gin.pau_jax.experiment.quickstart.bootstrap_resamples=200",
     "--gin.T_MAX=3",
     "--gin.pau_jax.env.episode.EpisodeConfig.call_budget=1",
     "--gin.pau_jax.rl.rollout.RolloutConfig.tasks_per_batch=1",
     "--gin.pau_jax.rl.rollout.RolloutConfig.group_size=2",
-    "--gin.pau_jax.rl.rollout.RolloutConfig.max_new_tokens=6",
-    "--gin.pau_jax.rl.critic.CriticConfig.max_new_tokens=4",
+    "--gin.rollout/pau_jax.policy.config.SamplingConfig.max_new_tokens=6",
+    "--gin.critic/pau_jax.policy.config.SamplingConfig.max_new_tokens=4",
     "--gin.pau_jax.experiment.train.steps=1",
 )
 

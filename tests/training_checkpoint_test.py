@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pau_jax import checkpoint
 from pau_jax.models import lora, qwen3
 from pau_jax.rl import learner
 from pau_jax.rl.samples import Sample, make_batch
+from pau_jax.training import checkpoint
 
 TINY = qwen3.Qwen3Config(
     vocab_size=64,
@@ -87,7 +87,7 @@ def _spawn(*args, timeout=120):
 
 def test_round_trip_is_bit_exact_for_concrete_and_abstract_targets(tmp_path):
     model = _model()
-    step_fn = learner.TrainStep(model, CONFIG)
+    step_fn = learner.make_train_step(model, CONFIG)
     state, _ = step_fn(learner.init_state(model, CONFIG), _batch(0))
     expected = jax.device_get(state)
     extra = {"rng": [1, 2, 3], "position": 1, "fingerprint": "abc"}
@@ -110,7 +110,7 @@ def test_round_trip_is_bit_exact_for_concrete_and_abstract_targets(tmp_path):
 
 def test_resume_in_a_fresh_process_matches_an_uninterrupted_run(tmp_path):
     model = _model()
-    step_fn = learner.TrainStep(model, CONFIG)
+    step_fn = learner.make_train_step(model, CONFIG)
     state = learner.init_state(model, CONFIG)
     losses = []
     ckpt = checkpoint.Checkpointer(tmp_path)
@@ -143,7 +143,7 @@ def _resume(directory: str, out: str) -> None:
     target = jax.eval_shape(lambda: learner.init_state(model, CONFIG))
     state, extra = ckpt.restore(step, target)
     assert extra["rng"] == np.asarray(jax.random.key_data(jax.random.key(7))).tolist()
-    state, metrics = learner.TrainStep(model, CONFIG)(state, _batch(extra["position"]))
+    state, metrics = learner.make_train_step(model, CONFIG)(state, _batch(extra["position"]))
     arrays = {f"lora_{i}": leaf for i, leaf in enumerate(_leaves(state.lora))}
     np.savez(out, loss=np.asarray(metrics["train/loss"]), step=np.asarray(state.step), **arrays)
     ckpt.close()

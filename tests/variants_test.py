@@ -43,7 +43,10 @@ def test_paper_defaults_without_the_overlay(parse):
         "return_to_go"
     )
     critic = _make("pau_jax.rl.critic.CriticConfig")
-    assert critic.clamp and critic.temperature == 0.0
+    assert critic.clamp and critic.sampling.temperature == 0.0
+    assert critic.sampling.max_new_tokens == 128
+    rollout = _make("pau_jax.rl.rollout.RolloutConfig")
+    assert (rollout.sampling.temperature, rollout.sampling.max_new_tokens) == (1.0, 512)
     assert _make("pau_jax.rl.rewards.RewardConfig").length_penalty == "paper"
 
 
@@ -58,16 +61,16 @@ def test_as_released_on_training(parse):
         "last_step_broadcast"
     )
     critic = _make("pau_jax.rl.critic.CriticConfig")
-    assert not critic.clamp and critic.temperature == 1.0
+    assert not critic.clamp and critic.sampling.temperature == 1.0
     assert critic.privileged == "description" and critic.show_source
-    assert critic.max_new_tokens == 300
+    assert critic.sampling.max_new_tokens == 300 and critic.sampling.enable_thinking
     rewards = _make("pau_jax.rl.rewards.RewardConfig")
     assert rewards.length_penalty == "released" and rewards.timeout_rule == "replace"
     rollout = _make("pau_jax.rl.rollout.RolloutConfig")
-    assert rollout.max_new_tokens == 1024 and rollout.enable_thinking
-    assert rollout.call_timeout_s == 10.0 and rollout.max_prompt_tokens == 512
-    sampling = rollout.sampling(seed=0)
-    assert sampling.max_prompt_tokens == 512 and sampling.enable_thinking
+    assert rollout.sampling.max_new_tokens == 1024 and rollout.sampling.enable_thinking
+    assert rollout.call_timeout_s == 10.0 and rollout.sampling.max_prompt_tokens == 512
+    sampling = rollout.sampling_for(seed=7)
+    assert sampling.max_prompt_tokens == 512 and sampling.enable_thinking and sampling.seed == 7
 
 
 def test_as_released_keeps_sym_info_symmetric(parse):
@@ -86,7 +89,7 @@ def test_paper_timeouts_and_credit(parse):
     )
     assert gin.query_parameter("pau_jax.rl.credit.return_to_go.normalize") == "position"
     rollout = _make("pau_jax.rl.rollout.RolloutConfig")
-    assert rollout.max_prompt_tokens is None
+    assert rollout.sampling.max_prompt_tokens is None
 
 
 def test_as_released_on_evaluation(parse):
@@ -96,7 +99,7 @@ def test_as_released_on_evaluation(parse):
     assert not episode.reflection_sees_newest and episode.display_mode == "str"
     assert episode.window_includes_examples
     for seat, tokens in (("policy", 300), ("judge", 300), ("coder", 600)):
-        sampling = _make("pau_jax.policy.local.SamplingConfig", scope=seat)
+        sampling = _make("pau_jax.policy.config.SamplingConfig", scope=seat)
         assert sampling.temperature == 0.0 and sampling.repetition_penalty == 1.2, seat
         assert sampling.max_new_tokens == tokens and sampling.enable_thinking, seat
         assert _make("pau_jax.policy.http.HTTPConfig", scope=seat).max_tokens == tokens
@@ -109,7 +112,7 @@ def test_paper_evaluation_defaults(parse):
     parse("eval/interactive.gin")
     episode = _make("pau_jax.env.episode.EpisodeConfig")
     assert episode.call_budget == 25 and not episode.window_includes_examples
-    sampling = _make("pau_jax.policy.local.SamplingConfig", scope="policy")
+    sampling = _make("pau_jax.policy.config.SamplingConfig", scope="policy")
     assert sampling.repetition_penalty == 1.0 and not sampling.enable_thinking
     # The judge and the coder are required seats (None until set) in the paper's protocol.
     assert gin.query_parameter("JUDGE/macro.value") is None

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pau_jax.evaluation import failure_modes, runner, stats
+from pau_jax.env import runner
+from pau_jax.evaluation import failure_modes, stats
 
 METRICS = (("judge", "judge_score"), ("code_match", "code_match"))
 GOLD = "gold"

@@ -13,12 +13,12 @@ import json
 import pathlib
 from collections.abc import Mapping, Sequence
 
-from pau_jax.evaluation import runner
-from pau_jax.evaluation.score import Reference
+from pau_jax.env import runner
+from pau_jax.tasks.reference import TaskReference
 
 
 def gold_records(
-    specs: Sequence[runner.EpisodeSpec], references: Mapping[str, Reference]
+    specs: Sequence[runner.EpisodeSpec], references: Mapping[str, TaskReference]
 ) -> list[dict]:
     """One record per task with the gold description as its prediction.
 
@@ -47,7 +47,7 @@ def gold_records(
     return out
 
 
-def record_missing(records: Sequence[dict], references: Mapping[str, Reference], path) -> int:
+def record_missing(records: Sequence[dict], references: Mapping[str, TaskReference], path) -> int:
     """Appends to the scored file `path` the records without a gold description not yet in it.
 
     They carry the scored fields with nothing scored (`code_match` None, judge

@@ -14,8 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from pau_jax.env import parse, prompts
-from pau_jax.evaluation import runner
+from pau_jax.env import parse, prompts, runner
 
 
 def messages(task) -> list[dict]:
@@ -29,7 +28,7 @@ def training_pairs(specs, references) -> list[dict]:
 
     Args:
       specs: `runner.EpisodeSpec`s of a train split.
-      references: task id -> `score.Reference` (its gold description).
+      references: task id -> `TaskReference` (its gold description).
 
     Returns:
       One dict per task with a gold description: `id` (the task id), `messages`

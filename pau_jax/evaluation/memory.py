@@ -30,10 +30,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from pau_jax.env import episode
+from pau_jax.env import episode, runner
 from pau_jax.env.parse import strip_think
 from pau_jax.env.prompts import Observation
-from pau_jax.evaluation import runner
 
 EMPTY_PREDICTION = "(no description)"  # What an empty first prediction is embedded as.
 _CRITIQUE = re.compile(r"critique\s*:", re.I)

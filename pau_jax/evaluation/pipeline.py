@@ -4,9 +4,9 @@
 choice is a keyword argument; the dataset and the three model seats (agent,
 judge, coder) are small frozen configs chosen by gin reference:
 
-    pau_jax.experiment.evaluate.dataset = @pau_jax.evaluation.pipeline.DatasetConfig()
-    pau_jax.experiment.evaluate.policy = @policy/pau_jax.evaluation.pipeline.HTTPBackendConfig()
-    pau_jax.experiment.evaluate.judge = @judge/pau_jax.evaluation.pipeline.LocalBackendConfig()
+    pau_jax.experiment.evaluate.dataset = @pau_jax.tasks.DatasetConfig()
+    pau_jax.experiment.evaluate.policy = @policy/pau_jax.policy.backends.HTTPBackendConfig()
+    pau_jax.experiment.evaluate.judge = @judge/pau_jax.policy.backends.LocalBackendConfig()
 
 The judge and the coder must be given: the paper grades every model with the
 same fixed judge and coder, so a model must not grade itself unless that is
@@ -34,258 +34,28 @@ import pathlib
 import time
 from collections.abc import Sequence
 
+from pau_jax.env import runner
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.evaluation import (
     gold,
     in_context,
     metrics,
     report,
-    runner,
     score,
     stats,
 )
 from pau_jax.evaluation import memory as memory_lib
-from pau_jax.evaluation import tasks as tasks_lib
-from pau_jax.policy import embeddings
-from pau_jax.policy.http import HTTPConfig
-from pau_jax.policy.local import SamplingConfig
+from pau_jax.policy import backends, embeddings
+from pau_jax.policy.backends import SELF, LocalBackendConfig
+from pau_jax.tasks import DatasetConfig, DemoTasksConfig, load_tasks
 
 MODES = ("interactive", "in_context", "memory", "ft", "gold")
 # Paired comparisons written to metrics.json when both runs are present: (a, b) -> "a vs b".
 PAIRED = (("interactive", "in_context"), ("memory", "interactive"), ("ft", "in_context"))
-SELF = "self"
 SELF_GRADED_BANNER = (
     "**Self-graded**: the judge and/or the coder is the evaluated model itself, not the "
     "paper's fixed judge and coder; these scores are not comparable with published numbers."
 )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DemoTasksConfig:
-    """The tasks embedded in `pau_jax.demo_tasks` (no dataset needed)."""
-
-    limit: int | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DatasetConfig:
-    """A built split of the TFDS `pau` dataset.
-
-    Attributes:
-      config: builder config ('default', 'debug').
-      split: 'test' or 'train'.
-      data_dir: the TFDS data_dir it was built into.
-      limit: evaluate the first `limit` items (by task id, after `sources`); None: all.
-      sources: keep only items of these source benchmarks ('humaneval', 'mbpp',
-        'cruxeval'); None: all.
-      build_if_missing: build it into `data_dir` first when absent (from
-        `manual_dir`, or the builder's dummy data for the debug config).
-      manual_dir: folder of source files for `build_if_missing`.
-    """
-
-    config: str = "default"
-    split: str = "test"
-    data_dir: str = "~/tensorflow_datasets"
-    limit: int | None = None
-    sources: tuple[str, ...] | None = None
-    build_if_missing: bool = False
-    manual_dir: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LocalBackendConfig:
-    """A Hugging Face checkpoint directory (Qwen3 or Llama) run by the JAX sampler.
-
-    Attributes:
-      checkpoint_dir: folder with config.json and safetensors.
-      sampling: how replies are sampled (greedy by default).
-      adapter_dir: optional PEFT LoRA adapter folder added to the model.
-      dtype: parameter dtype ('float32' on CPU, 'bfloat16' on accelerators).
-      tokenizer: tokenizer path or 'qwen3-offline'; default: the checkpoint's own.
-      prefix_cache_gib: memory for the keys and values of earlier prompts and replies, so
-        that each phase of an episode prefills only what was appended to its conversation
-        (`pau_jax.sampling.prefix_cache`); 0 prefills every prompt whole.
-    """
-
-    checkpoint_dir: str
-    sampling: SamplingConfig = SamplingConfig()
-    adapter_dir: str | None = None
-    dtype: str = "float32"
-    tokenizer: str | None = None
-    prefix_cache_gib: float = 2.0
-
-    def __post_init__(self):
-        if not self.prefix_cache_gib >= 0:
-            raise ValueError(f"prefix_cache_gib must be >= 0, got {self.prefix_cache_gib}")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class HTTPBackendConfig:
-    """An OpenAI-compatible chat endpoint (vLLM, SGLang, a hosted API, `PolicyServer`)."""
-
-    http: HTTPConfig = HTTPConfig()
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OracleBackendConfig:
-    """`scripted.OraclePolicy`: reads each task's source (an upper bound; tests)."""
-
-    n_probes: int = 3
-    seed: int = 0
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RandomProberBackendConfig:
-    """`scripted.RandomProber`: seeded random inputs, a table as hypothesis (a baseline)."""
-
-    seed: int = 0
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ScriptedCoderBackendConfig:
-    """`scripted.ScriptedCoder`: fenced code from the description, else a lookup table."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ScriptedJudgeBackendConfig:
-    """`scripted.OverlapJudge`: word-overlap ratings, rule-based failure modes (tests only)."""
-
-
-class _Backends:
-    """Builds policies from backend configs; local checkpoints are loaded once and shared."""
-
-    def __init__(self, specs):
-        self.specs = specs
-        self._models = {}
-
-    def build(self, backend):
-        from pau_jax.policy import scripted
-
-        if isinstance(backend, LocalBackendConfig):
-            return self._local(backend)
-        if isinstance(backend, HTTPBackendConfig):
-            from pau_jax.policy.http import HTTPPolicy
-
-            return HTTPPolicy(backend.http)
-        if isinstance(backend, OracleBackendConfig):
-            return scripted.OraclePolicy(self.specs, n_probes=backend.n_probes, seed=backend.seed)
-        if isinstance(backend, RandomProberBackendConfig):
-            return scripted.RandomProber(seed=backend.seed)
-        if isinstance(backend, ScriptedCoderBackendConfig):
-            return scripted.ScriptedCoder()
-        if isinstance(backend, ScriptedJudgeBackendConfig):
-            return scripted.OverlapJudge()
-        raise TypeError(
-            f"unknown backend {backend!r}; use one of the *BackendConfig classes of {__name__}"
-        )
-
-    def _local(self, backend: LocalBackendConfig):
-        from pau_jax import models
-        from pau_jax.models import lora
-        from pau_jax.policy.local import LocalPolicy
-        from pau_jax.sampling.prefix_cache import PrefixCache
-        from pau_jax.tokenizer import load_tokenizer
-
-        if not backend.checkpoint_dir:
-            raise ValueError(
-                "LocalBackendConfig.checkpoint_dir is not set: pass --gin.CHECKPOINT=\"'/path'\" "
-                "or choose another backend (e.g. HTTPBackendConfig)"
-            )
-        path = pathlib.Path(backend.checkpoint_dir).expanduser()
-        key = (str(path), backend.adapter_dir, backend.dtype, backend.tokenizer)
-        if key not in self._models:
-            model, _ = models.load_hf(path, dtype=backend.dtype)
-            if backend.adapter_dir:
-                n = lora.load_peft(model, pathlib.Path(backend.adapter_dir).expanduser())
-                print(f"[eval] LoRA adapter on {n} modules from {backend.adapter_dir}", flush=True)
-            self._models[key] = (model, load_tokenizer(backend.tokenizer or path))
-        model, tokenizer = self._models[key]
-        cache = None
-        if backend.prefix_cache_gib > 0:
-            cache = PrefixCache(max_bytes=int(backend.prefix_cache_gib * 2**30))
-        return LocalPolicy(model, tokenizer, backend.sampling, prefix_cache=cache)
-
-
-def _same_model(seat, policy) -> bool:
-    """Whether a seat's backend runs the very model of the agent (same weights or endpoint)."""
-    if isinstance(seat, LocalBackendConfig) and isinstance(policy, LocalBackendConfig):
-        same_dir = (
-            pathlib.Path(seat.checkpoint_dir or "").expanduser().resolve()
-            == pathlib.Path(policy.checkpoint_dir or "").expanduser().resolve()
-        )
-        return same_dir and seat.adapter_dir in (None, policy.adapter_dir)
-    if isinstance(seat, HTTPBackendConfig) and isinstance(policy, HTTPBackendConfig):
-        return (seat.http.base_url, seat.http.model) == (policy.http.base_url, policy.http.model)
-    return seat == policy
-
-
-def _describe_backend(backend) -> str:
-    """A one-line description of a backend for metrics.json and report.md."""
-    if isinstance(backend, LocalBackendConfig):
-        adapter = f" + adapter {backend.adapter_dir}" if backend.adapter_dir else ""
-        return f"checkpoint {backend.checkpoint_dir}{adapter}"
-    if isinstance(backend, HTTPBackendConfig):
-        return (
-            f"endpoint {backend.http.base_url or '$PAU_OPENAI_BASE_URL'} model {backend.http.model}"
-        )
-    return type(backend).__name__
-
-
-def resolve_seat(name: str, seat, policy) -> tuple[object, bool]:
-    """(backend, self_graded) of the judge or coder seat; `'self'` means the agent's backend.
-
-    Raises:
-      ValueError: the seat is not set (None).
-    """
-    if seat is None:
-        macro = name.upper()
-        raise ValueError(
-            f"no {name} is set: give a checkpoint or an endpoint "
-            f"(--gin.{macro}=@{name}/pau_jax.evaluation.pipeline.LocalBackendConfig() or "
-            f"...HTTPBackendConfig(); Python: {name}=<*BackendConfig>), or {name}='self' to let "
-            "the evaluated model grade itself (not the paper's setup; the run is marked self-graded)"
-        )
-    if isinstance(seat, str):
-        if seat != SELF:
-            raise ValueError(f"{name} must be a *BackendConfig or '{SELF}', got {seat!r}")
-        return policy, True
-    return seat, _same_model(seat, policy)
-
-
-def build_policy(backend, specs: Sequence = ()):
-    """The policy of one backend config (a `*BackendConfig` of this module).
-
-    Args:
-      backend: the config.
-      specs: the episodes the policy will meet (`runner.EpisodeSpec`s; the
-        oracle backend reads their sources).
-    """
-    return _Backends(specs).build(backend)
-
-
-def _load_tasks(dataset, executor, config: EpisodeConfig):
-    if isinstance(dataset, DemoTasksConfig):
-        specs, references = tasks_lib.demo(executor, config)
-        return specs[: dataset.limit] if dataset.limit is not None else specs, references
-    if isinstance(dataset, DatasetConfig):
-        if dataset.build_if_missing:
-            tasks_lib.ensure_built(
-                dataset.data_dir, config=dataset.config, manual_dir=dataset.manual_dir
-            )
-        records = tasks_lib.load_split(dataset.config, dataset.split, dataset.data_dir)
-        if dataset.sources is not None:
-            known = {r.source for r in records}
-            unknown = sorted(set(dataset.sources) - known)
-            if unknown:
-                raise ValueError(
-                    f"sources {unknown} are not in pau/{dataset.config} {dataset.split} "
-                    f"(it has {sorted(known)})"
-                )
-            records = [r for r in records if r.source in dataset.sources]
-        if dataset.limit is not None:
-            records = records[: dataset.limit]
-        return tasks_lib.from_records(records, config)
-    raise TypeError(f"dataset must be a DatasetConfig or DemoTasksConfig, got {dataset!r}")
 
 
 def _train_dataset(dataset, train_dataset):
@@ -359,7 +129,7 @@ def evaluate(
 
     Args:
       run_dir: output folder (a rerun with the same folder resumes).
-      policy: the agent's backend (a `*BackendConfig` of this module).
+      policy: the agent's backend (a `pau_jax.policy.backends` `*BackendConfig`).
       dataset: `DatasetConfig` (a built TFDS split) or `DemoTasksConfig`.
       modes: any of 'interactive', 'in_context', 'memory' (after 'interactive'),
         'ft' and 'gold', run in this order.
@@ -410,14 +180,14 @@ def evaluate(
     agent_modes = [m for m in modes if m != "gold"]  # the gold mode needs the coder only
     judge_backend, judge_self, judge_text = None, False, "not used (gold mode only)"
     if agent_modes:
-        judge_backend, judge_self = resolve_seat("judge", judge, policy)
+        judge_backend, judge_self = backends.resolve_seat("judge", judge, policy)
         judge_text = (
-            "self (the evaluated model)" if judge_self else _describe_backend(judge_backend)
+            "self (the evaluated model)" if judge_self else backends.describe(judge_backend)
         )
-    coder_backend, coder_self = resolve_seat("coder", coder, policy)
+    coder_backend, coder_self = backends.resolve_seat("coder", coder, policy)
     grading = {
         "judge": judge_text,
-        "coder": "self (the evaluated model)" if coder_self else _describe_backend(coder_backend),
+        "coder": "self (the evaluated model)" if coder_self else backends.describe(coder_backend),
         "self_graded": judge_self or coder_self,
     }
     out = pathlib.Path(run_dir)
@@ -425,22 +195,22 @@ def evaluate(
     t0 = time.perf_counter()
     runs, failures, baselines = {}, {}, {}
     with Executor(workers=sandbox_workers) as executor:
-        specs, references = _load_tasks(dataset, executor, episode_config)
+        specs, references = load_tasks(dataset, executor, episode_config)
         if not specs:
             raise ValueError(f"the dataset {dataset!r} has no items to evaluate")
         print(f"[eval] {len(specs)} tasks; modes {tuple(modes)}", flush=True)
         if grading["self_graded"]:
             print("[eval] SELF-GRADED: the judge or the coder is the evaluated model", flush=True)
-        backends = _Backends(specs)
-        agent = backends.build(policy) if agent_modes or coder == SELF else None
+        seats = backends.Backends(specs)
+        agent = seats.build(policy) if agent_modes or coder == SELF else None
         judge_policy = None
         if agent_modes:
-            judge_policy = agent if judge == SELF else backends.build(judge_backend)
-        coder_policy = agent if coder == SELF else backends.build(coder_backend)
+            judge_policy = agent if judge == SELF else seats.build(judge_backend)
+        coder_policy = agent if coder == SELF else seats.build(coder_backend)
         ids = {s.task.task_id for s in specs}
         train = None
         if "memory" in modes or "ft" in modes:
-            train = _load_tasks(_train_dataset(dataset, train_dataset), executor, episode_config)
+            train = load_tasks(_train_dataset(dataset, train_dataset), executor, episode_config)
             print(f"[eval] train split: {len(train[0])} tasks", flush=True)
         for mode in modes:
             episodes_path = out / f"{mode}_episodes.jsonl"
@@ -503,7 +273,7 @@ def evaluate(
                     dtype=policy.dtype,
                     tokenizer=policy.tokenizer,
                 )
-                ft_agent = backends.build(dataclasses.replace(policy, adapter_dir=str(adapter)))
+                ft_agent = seats.build(dataclasses.replace(policy, adapter_dir=str(adapter)))
                 in_context.run_in_context(
                     specs,
                     ft_agent,
@@ -596,7 +366,7 @@ def evaluate(
     gold_summary = metrics.gold_shares(summaries)
     result = {
         "grading": grading,
-        "agent": _describe_backend(policy),
+        "agent": backends.describe(policy),
         "modes": list(modes),
         "tasks": len(specs),
         "runs": summaries,

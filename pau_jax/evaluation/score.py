@@ -1,42 +1,17 @@
 """Scores finished episodes: judge rating and code match, added to each episode record."""
 
-import dataclasses
 import json
 import pathlib
 from collections.abc import Sequence
 
-from pau_jax.evaluation import code_match, failure_modes, judge, runner
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Reference:
-    """What scoring needs about a task.
-
-    Attributes:
-      code: the true function's source.
-      header: the anonymised signature.
-      description: the gold description ('' when there is none).
-      held_out: E_test argument tuples.
-      held_out_outputs: the true return value on each of `held_out`, as stored in
-        the dataset (code match compares with these); None runs the true function
-        at scoring time instead.
-      examples: the shown examples as `call -> result` lines (given to the coder in the
-        with-observations variant, before the episode's own calls).
-      source: the benchmark the task comes from (copied into scored records).
-    """
-
-    code: str
-    header: str
-    description: str
-    held_out: tuple[tuple, ...]
-    held_out_outputs: tuple | None = None
-    examples: tuple[str, ...] = ()
-    source: str = ""
+from pau_jax.env import runner
+from pau_jax.evaluation import code_match, failure_modes, judge
+from pau_jax.tasks.reference import TaskReference
 
 
 def score_episodes(
     records: Sequence[dict],
-    references: dict[str, Reference],
+    references: dict[str, TaskReference],
     *,
     judge_policy=None,
     coder_policy,

@@ -5,7 +5,8 @@ conversation, in order. Backends: `local.LocalPolicy` (the JAX sampler over a
 local checkpoint, optionally with LoRA), `http.HTTPPolicy` (any OpenAI-compatible
 endpoint) and `scripted` (an oracle that reads the source, a random prober and a
 scripted coder, for tests and baselines). `server.PolicyServer` serves any policy
-over OpenAI-compatible HTTP.
+over OpenAI-compatible HTTP. `backends` builds the policy of a seat (agent, judge,
+coder, teacher) from its gin-chosen `*BackendConfig`.
 """
 
 from collections.abc import Sequence

@@ -1,8 +1,8 @@
-"""AAC training: per-step rewards, credit assignment, the GRPO loss and the LoRA learner."""
+"""AAC: the critic, per-step rewards, credit assignment, the GRPO loss and the run mode."""
 
 from pau_jax.rl import credit, grpo, learner, rewards
 from pau_jax.rl.grpo import GRPOConfig
-from pau_jax.rl.learner import Batch, LearnerConfig, TrainState, TrainStep
+from pau_jax.rl.learner import Batch, LearnerConfig, TrainState, make_train_step
 from pau_jax.rl.rewards import EpisodeRecord, RewardConfig, StepRecord
 
 __all__ = [
@@ -13,9 +13,9 @@ __all__ = [
     "RewardConfig",
     "StepRecord",
     "TrainState",
-    "TrainStep",
     "credit",
     "grpo",
     "learner",
+    "make_train_step",
     "rewards",
 ]

@@ -22,11 +22,13 @@ import re
 from collections.abc import Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from pau_jax.env import parse
 from pau_jax.env.episode import EpisodeState, Phase
+from pau_jax.policy.config import SamplingConfig
+from pau_jax.tasks.reference import TaskReference
+from pau_jax.training import step as step_lib
 
 CRITIC_PROMPT_VERSION = "critic-v1"
 PRIVILEGED = ("description", "description+source", "none")
@@ -47,38 +49,29 @@ class CriticConfig:
       show_source: with privileged='description', show the source code too (the
         released critic saw both); ignored with privileged='none', so an overlay that
         sets it keeps the SYM-INFO ablation intact.
-      max_new_tokens: token budget of one critic answer (a local critic decodes greedily).
+      sampling: a local critic's sampling: 128 tokens, greedy (the paper); the
+        released code used the serving provider's sampling. Its seed is set per
+        training step.
       max_batch_size: conversations per critic call; None = all steps of a rollout at once.
       clamp: clamp ratings to [0, 1] after dividing by 9 (the paper); False keeps
         out-of-range ratings as written (the released code).
-      temperature: a local critic's sampling temperature: 0 = greedy (the paper);
-        the released code used the serving provider's sampling.
     """
 
     privileged: str = "description"
     show_source: bool = False
-    max_new_tokens: int = 128
+    sampling: SamplingConfig = SamplingConfig(max_new_tokens=128, temperature=0.0)
     max_batch_size: int | None = None
     clamp: bool = True
-    temperature: float = 0.0
 
     def __post_init__(self):
         if self.privileged not in PRIVILEGED:
             raise ValueError(f"privileged must be one of {PRIVILEGED}, got {self.privileged!r}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.sampling.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.sampling.max_new_tokens}")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {self.max_batch_size}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Reference:
-    """The privileged information about one task: its gold description and its code."""
-
-    description: str
-    code: str = ""
+        if self.sampling.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.sampling.temperature}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -136,7 +129,7 @@ def _privileged(reference, privileged: str, show_source: bool = False) -> str:
     if privileged == "none":
         return ""
     if reference is None:
-        raise ValueError(f"privileged={privileged!r} needs a Reference for every task")
+        raise ValueError(f"privileged={privileged!r} needs a TaskReference for every task")
     text = f"True description of the function (hidden from the agent):\n{reference.description}\n\n"
     if privileged == "description+source" or show_source:
         text += f"Source code of the function (hidden from the agent):\n{reference.code}\n\n"
@@ -198,7 +191,7 @@ def parse_score(text: str, *, clamp: bool = True) -> float | None:
 def score_episodes(
     policy,
     states: Sequence[EpisodeState],
-    references: Mapping[str, Reference] | None,
+    references: Mapping[str, TaskReference] | None,
     config: CriticConfig,
 ) -> CriticScores:
     """Scores every reasoning and reflection step of the episodes in one (or a few) policy calls.
@@ -207,7 +200,7 @@ def score_episodes(
       policy: ``policy(conversations) -> texts`` (replies with ``.text`` also work).
       states: finished episodes.
       references: task id -> privileged information: any object with ``.description``
-        and ``.code`` (``Reference``, ``evaluation.score.Reference``); may be None
+        and ``.code`` (a ``TaskReference``); may be None
         with privileged='none'.
       config: the critic's settings.
 
@@ -245,8 +238,6 @@ def critic_model(model: nnx.Module) -> nnx.Module:
     other array *is* the model's own (no copy): training the actor's adapters
     never changes the critic, and the weights exist once in memory.
     """
-    graphdef, lora_state, base_state = nnx.split(model, nnx.LoRAParam, ...)
-    if not jax.tree.leaves(lora_state):
+    if not jax.tree.leaves(nnx.state(model, nnx.LoRAParam)):
         raise ValueError("critic_model needs a LoRA model; the plain model already is the base")
-    zero = jax.tree.map(jnp.zeros_like, lora_state)
-    return nnx.merge(graphdef, zero, base_state)
+    return step_lib.reference_model(model)

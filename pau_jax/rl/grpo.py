@@ -28,10 +28,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-AGGREGATIONS = ("token-mean", "sequence-mean-token-mean", "sequence-mean-token-sum-norm")
+from pau_jax.training import step as step_lib
+from pau_jax.training.logprobs import token_logprobs
 
-# Statistics accumulated over micro-batches: sums, except the *_min and *_max entries.
-_SUM_STATS = ("tokens", "kl_sum", "entropy_sum", "clipped_sum", "gap_sum")
+AGGREGATIONS = ("token-mean", "sequence-mean-token-mean", "sequence-mean-token-sum-norm")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,96 +73,6 @@ class GRPOConfig:
             raise ValueError("eps_low, eps_high and beta must be >= 0")
 
 
-def logprobs_from_logits(
-    logits: jax.Array, targets: jax.Array, temperature: float = 1.0
-) -> tuple[jax.Array, jax.Array]:
-    """Log-prob of each target and the entropy, under softmax(logits / temperature).
-
-    Args:
-      logits: [..., V].
-      targets: [...] int token ids.
-      temperature: T > 0.
-
-    Returns:
-      ([...] float32 log-probs, [...] float32 entropies; the entropy carries no gradient).
-    """
-    scaled = logits.astype(jnp.float32) / temperature
-    log_z = jax.nn.logsumexp(scaled, axis=-1)
-    picked = jnp.take_along_axis(scaled, targets[..., None], axis=-1)[..., 0]
-    probs = jnp.exp(scaled - log_z[..., None])
-    entropy = jax.lax.stop_gradient(log_z - jnp.sum(probs * scaled, axis=-1))
-    return picked - log_z, entropy
-
-
-def token_logprobs(
-    model,
-    input_ids: jax.Array,
-    attention_mask: jax.Array,
-    *,
-    temperature: float = 1.0,
-    chunk_tokens: int = 1024,
-) -> tuple[jax.Array, jax.Array]:
-    """Log-probs and entropies of the given tokens, without materialising [B, T, V] logits.
-
-    The final hidden states are computed once; the language-model head, softmax
-    and gather then run over chunks of at most ``chunk_tokens`` positions
-    (``lax.map``), each chunk rematerialised in the backward pass, so peak
-    memory holds one [chunk, V] block instead of B * T * V logits.
-
-    Args:
-      model: a causal LM with ``hidden_states`` and ``logits_from_hidden``.
-      input_ids: [B, T] int32.
-      attention_mask: [B, T], 1 for real tokens.
-      temperature: rollout temperature.
-      chunk_tokens: largest number of positions whose logits exist at once.
-
-    Returns:
-      ([B, T] log-probs, [B, T] entropies of the predicting distribution), both
-      0 in column 0.
-    """
-    hidden = model.hidden_states(input_ids, attention_mask)  # [B, T, D]
-    b, t, d = hidden.shape
-    n = b * (t - 1)
-    if n == 0:
-        zeros = jnp.zeros((b, t), jnp.float32)
-        return zeros, zeros
-    n_chunks = -(-n // chunk_tokens)
-    size = -(-n // n_chunks)
-    pad = n_chunks * size - n
-    h = jnp.pad(hidden[:, :-1].reshape(n, d), ((0, pad), (0, 0))).reshape(n_chunks, size, d)
-    targets = jnp.pad(input_ids[:, 1:].reshape(n), (0, pad)).reshape(n_chunks, size)
-
-    @jax.checkpoint
-    def chunk(args):
-        h_chunk, target_chunk = args
-        return logprobs_from_logits(model.logits_from_hidden(h_chunk), target_chunk, temperature)
-
-    logp, entropy = jax.lax.map(chunk, (h, targets))
-
-    def unchunk(x):
-        return jnp.pad(x.reshape(-1)[:n].reshape(b, t - 1), ((0, 0), (1, 0)))
-
-    return unchunk(logp), unchunk(entropy)
-
-
-def empty_stats() -> dict[str, jax.Array]:
-    """The neutral element of ``combine_stats``."""
-    stats = {key: jnp.zeros((), jnp.float32) for key in _SUM_STATS}
-    stats["ratio_min"] = jnp.array(jnp.inf, jnp.float32)
-    stats["ratio_max"] = jnp.array(-jnp.inf, jnp.float32)
-    stats["gap_max"] = jnp.zeros((), jnp.float32)
-    return stats
-
-
-def combine_stats(a: dict[str, jax.Array], b: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """Statistics of two micro-batches together."""
-    out = {key: a[key] + b[key] for key in _SUM_STATS}
-    out["ratio_min"] = jnp.minimum(a["ratio_min"], b["ratio_min"])
-    out["ratio_max"] = jnp.maximum(a["ratio_max"], b["ratio_max"])
-    out["gap_max"] = jnp.maximum(a["gap_max"], b["gap_max"])
-    return out
-
-
 def policy_loss(
     logp: jax.Array,
     sampler_logp: jax.Array,
@@ -185,7 +95,8 @@ def policy_loss(
       entropy: [B, T] entropies for the statistics (optional).
 
     Returns:
-      (scalar loss sum, scalar denominator, statistics for ``combine_stats``).
+      (scalar loss sum, scalar denominator, statistics: sums, and ``*_min``/``*_max``
+      extremes, as ``training.step`` combines them over micro-batches).
     """
     if config.beta > 0 and ref_logp is None:
         raise ValueError("beta > 0 needs the reference log-probs (ref_logp)")
@@ -234,6 +145,49 @@ def policy_loss(
         "gap_max": jnp.max(jnp.where(real, gap, 0.0)),
     }
     return loss_sum, denominator, stats
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GRPOLoss:
+    """The GRPO loss as ``training.step`` takes it: ``loss(model, batch)`` on a ``learner.Batch``.
+
+    With ``config.beta > 0`` the reference log-probs come from the same model with
+    every adapter zeroed (``training.step.reference_model``), without gradient.
+    """
+
+    config: GRPOConfig
+    chunk_tokens: int = 1024
+
+    def __call__(self, model, batch):
+        logp, entropy = token_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            temperature=self.config.temperature,
+            chunk_tokens=self.chunk_tokens,
+        )
+        ref_logp = None
+        if self.config.beta > 0:
+            ref_logp, _ = token_logprobs(
+                step_lib.reference_model(model),
+                batch.input_ids,
+                batch.attention_mask,
+                temperature=self.config.temperature,
+                chunk_tokens=self.chunk_tokens,
+            )
+            ref_logp = jax.lax.stop_gradient(ref_logp)
+        return policy_loss(
+            logp,
+            batch.sampler_logprobs,
+            batch.advantages,
+            batch.loss_mask,
+            self.config,
+            ref_logp=ref_logp,
+            entropy=entropy,
+        )
+
+    def metrics(self, loss_sum, denominator, stats) -> dict:
+        return metrics(loss_sum, denominator, stats)
 
 
 def metrics(loss_sum: jax.Array, denominator: jax.Array, stats: dict[str, jax.Array]) -> dict:

@@ -15,13 +15,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from pau_jax.env import runner
 from pau_jax.env.episode import EpisodeConfig, Phase
-from pau_jax.evaluation import runner
-from pau_jax.evaluation.runner import EpisodeSpec, FinishedEpisode
-from pau_jax.policy.local import SamplingConfig
+from pau_jax.env.runner import EpisodeSpec, FinishedEpisode
+from pau_jax.policy.config import SamplingConfig
 from pau_jax.rl import critic as critic_lib
 from pau_jax.rl import rewards as rewards_lib
 from pau_jax.rl.samples import Sample
+from pau_jax.tasks.reference import TaskReference
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,26 +32,18 @@ class RolloutConfig:
     Attributes:
       tasks_per_batch: distinct tasks per training step (GRPO prompts per batch).
       group_size: G, episodes per task.
-      max_new_tokens: token budget of one actor reply.
-      temperature: sampling temperature of the actor (the learner's GRPO
-        temperature must match it).
-      top_k, top_p: sampling filters (0 and 1: none; the learner assumes none).
-      enable_thinking: passed to the chat template.
-      max_prompt_tokens: an episode ends (finish reason 'prompt_length') when the
-        prompt of its next phase is longer than this; None = no limit. The released
-        trainer stopped an episode whose prompt exceeded its maximum prompt length.
+      sampling: the actor's sampling (token budget, temperature, filters, chat
+        template switch, prompt limit); its seed is set per training step. The
+        learner scores at its temperature; top-k and top-p must stay off (the learner
+        assumes the full distribution). A prompt longer than ``max_prompt_tokens``
+        ends its episode (finish reason 'prompt_length'), as the released trainer did.
       call_timeout_s: wall-clock limit of one sandbox call.
       max_parallel_calls: sandbox calls in flight at once.
     """
 
     tasks_per_batch: int = 8
     group_size: int = 8
-    max_new_tokens: int = 512
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    enable_thinking: bool = False
-    max_prompt_tokens: int | None = None
+    sampling: SamplingConfig = SamplingConfig(max_new_tokens=512, temperature=1.0)
     call_timeout_s: float = 2.0
     max_parallel_calls: int = 8
 
@@ -60,20 +53,16 @@ class RolloutConfig:
                 f"tasks_per_batch and group_size must be >= 1, got {self.tasks_per_batch} "
                 f"and {self.group_size}"
             )
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.sampling.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.sampling.max_new_tokens}")
+        if self.sampling.temperature <= 0:
+            raise ValueError(
+                f"the actor must sample (temperature > 0), got {self.sampling.temperature}"
+            )
 
-    def sampling(self, seed: int) -> SamplingConfig:
+    def sampling_for(self, seed: int) -> SamplingConfig:
         """The actor's sampling settings, with base seed ``seed``."""
-        return SamplingConfig(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            seed=seed,
-            enable_thinking=self.enable_thinking,
-            max_prompt_tokens=self.max_prompt_tokens,
-        )
+        return dataclasses.replace(self.sampling, seed=seed)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -177,7 +166,7 @@ def collect(
     actor,
     critic,
     executor,
-    references: Mapping[str, critic_lib.Reference] | None,
+    references: Mapping[str, TaskReference] | None,
     config: RolloutConfig,
     episode_config: EpisodeConfig,
     reward_config: rewards_lib.RewardConfig,

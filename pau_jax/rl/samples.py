@@ -1,10 +1,8 @@
 """Training sequences (prompt, sampled completion, sampler log-probs, advantage) and their batches.
 
-``make_batch`` lays samples out as the learner's ``Batch``: each row is the
-prompt followed by the completion, left-padded to a common length ``T`` that is
-rounded up to a multiple of ``pad_to_multiple`` (so that only a few shapes
-compile). Column ``t`` of ``sampler_logprobs`` scores the token in column ``t``,
-as ``grpo.token_logprobs`` does, so the completion's log-probs sit under the
+``make_batch`` lays samples out as the learner's ``Batch`` in the layout of
+``training.batch.left_pad``. Column ``t`` of ``sampler_logprobs`` scores the token in column ``t``,
+as ``training.logprobs.token_logprobs`` does, so the completion's log-probs sit under the
 completion's tokens and every other column is 0::
 
     attention_mask  0 0 1 1 1 1 1      (p = prompt, c = completion, . = padding)
@@ -25,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pau_jax.rl.learner import Batch
+from pau_jax.training import batch as batch_lib
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -71,10 +70,6 @@ def _check(index: int, sample: Sample) -> None:
         raise ValueError(f"{where} has token ids that are not non-negative integers")
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def make_batch(
     samples: Sequence[Sample],
     *,
@@ -110,22 +105,18 @@ def make_batch(
         raise ValueError("make_batch needs at least one sample")
     for index, sample in enumerate(samples):
         _check(index, sample)
-    rows = _round_up(len(samples), rows_multiple)
-    length = _round_up(
-        max(len(s.prompt_ids) + len(s.completion_ids) for s in samples), pad_to_multiple
+    input_ids, attention, loss = batch_lib.left_pad(
+        [s.prompt_ids for s in samples],
+        [s.completion_ids for s in samples],
+        pad_to_multiple=pad_to_multiple,
+        rows_multiple=rows_multiple,
+        pad_id=pad_id,
     )
-    input_ids = np.full((rows, length), pad_id, np.int32)
-    attention = np.zeros((rows, length), np.int32)
-    loss = np.zeros((rows, length), np.float32)
+    rows, length = input_ids.shape
     sampler = np.zeros((rows, length), np.float32)
     advantages = np.zeros(rows, np.float32)
     for row, sample in enumerate(samples):
-        prompt, completion = len(sample.prompt_ids), len(sample.completion_ids)
-        start = length - prompt - completion
-        input_ids[row, start:] = list(sample.prompt_ids) + list(sample.completion_ids)
-        attention[row, start:] = 1
-        loss[row, length - completion :] = 1.0
-        sampler[row, length - completion :] = sample.sampler_logprobs
+        sampler[row, length - len(sample.completion_ids) :] = sample.sampler_logprobs
         advantages[row] = sample.advantage
     return Batch(
         input_ids=jnp.asarray(input_ids),

@@ -3,5 +3,5 @@
 ``trainer`` turns episode records into (prompt, completion) token pairs and
 trains on their masked token NLL; ``teacher`` wraps a policy so that it sees the
 gold description of the task while the recorded prompts stay the agent's own;
-``distill`` is the SFT branch of a training run (teacher episodes, then training).
+``distill`` is the distillation run mode (teacher episodes, then training).
 """

@@ -1,13 +1,13 @@
-"""The SFT branch of a training run (DISTILL, CodeARC-SFT): teacher episodes, then behaviour cloning.
+"""The distillation run mode (DISTILL, CodeARC-SFT): teacher episodes, then behaviour cloning.
 
-``run`` is what ``rl.loop.train`` does instead of GRPO when it is given an
-``SFTConfig``: the teacher plays every training task
-(``episodes_per_task`` times) with ``evaluation.runner.run_episodes``, the
-records go to ``<run_dir>/teacher_episodes.jsonl`` (a rerun skips the episodes
-already there), and the actor's LoRA adapters are fine-tuned on every step of
-them with ``trainer.train_sft``. For CodeARC-SFT the teacher is wrapped in
-``teacher.PrivilegedTeacher``: it sees the gold description (and optionally
-the source) while the recorded prompts stay the agent's own.
+``distill`` (gin: ``pau_jax.experiment.distill``) opens a training run like AAC
+does (``training.run``), lets the teacher play every training task
+(``episodes_per_task`` times) with ``env.runner.run_episodes``, keeps the
+records in ``<run_dir>/teacher_episodes.jsonl`` (a rerun skips the episodes
+already there), and fine-tunes the actor's LoRA adapters on every step of them
+with ``trainer.train_sft``. For CodeARC-SFT the teacher is wrapped in
+``teacher.PrivilegedTeacher``: it sees the gold description (and optionally the
+source) while the recorded prompts stay the agent's own.
 
 A run directory that already holds the SFT checkpoint is not trained again:
 the adapters are restored from it.
@@ -17,43 +17,22 @@ import dataclasses
 import pathlib
 from collections.abc import Mapping, Sequence
 
-from pau_jax.evaluation import runner
-from pau_jax.rl import learner
-from pau_jax.sft import teacher as teacher_lib
+from pau_jax import parallel
+from pau_jax.env import runner
+from pau_jax.env.episode import EpisodeConfig
+from pau_jax.policy import backends
+from pau_jax.policy.backends import SELF
+from pau_jax.policy.config import SamplingConfig
+from pau_jax.sandbox import Executor
 from pau_jax.sft import trainer
+from pau_jax.sft.teacher import PrivilegedTeacher
 from pau_jax.sft.trainer import SFTConfig
+from pau_jax.tasks import DatasetConfig, DemoTasksConfig, load_tasks
+from pau_jax.training import run as run_lib
+from pau_jax.training import step as step_lib
+from pau_jax.training.run import ActorConfig
 
 EPISODES_FILE = "teacher_episodes.jsonl"
-
-
-def teacher_references(specs: Sequence, references: Mapping) -> list[teacher_lib.Reference]:
-    """``PrivilegedTeacher`` references of the specs' tasks (one per distinct task).
-
-    Args:
-      specs: ``runner.EpisodeSpec``s.
-      references: task id -> object with ``.description`` and ``.code``.
-
-    Raises:
-      ValueError: a task has no reference.
-    """
-    out, seen = [], set()
-    for spec in specs:
-        task = spec.task
-        if task.task_id in seen:
-            continue
-        if task.task_id not in references:
-            raise ValueError(f"task {task.task_id!r} has no reference (gold description)")
-        ref = references[task.task_id]
-        out.append(
-            teacher_lib.Reference(
-                header=task.header,
-                examples=tuple(task.examples),
-                description=ref.description,
-                code=getattr(ref, "code", "") or spec.code,
-            )
-        )
-        seen.add(task.task_id)
-    return out
 
 
 def episode_specs(specs: Sequence, episodes_per_task: int) -> list:
@@ -110,7 +89,7 @@ def collect(
     return records
 
 
-def run(
+def fine_tune(
     *,
     model,
     tokenizer,
@@ -154,7 +133,7 @@ def run(
     Returns:
       {"steps", "episodes", "pairs", "last_metrics"}.
     """
-    state = learner.init_state(model, sft_config.learner_config())
+    state = step_lib.init_state(model, sft_config.optimizer())
     latest = checkpointer.latest_step()
     if latest is not None:
         state, extra = checkpointer.restore(latest, state)
@@ -163,7 +142,7 @@ def run(
                 f"{run_dir} holds a checkpoint of another run (seed={extra.get('seed')}, "
                 f"mode={extra.get('mode')}); use a new run_dir"
             )
-        learner.sync_model(model, state)
+        step_lib.sync_model(model, state)
         print(f"[sft] already trained ({latest} steps); restored the adapters", flush=True)
         return {"steps": latest, "episodes": extra.get("episodes"), "last_metrics": {}}
 
@@ -198,3 +177,109 @@ def run(
         flush=True,
     )
     return {"steps": steps, "episodes": len(records), "pairs": pairs, "last_metrics": last}
+
+
+def _describe(policy) -> str:
+    """A policy's class name, with the wrapped policy's (e.g. ``PrivilegedTeacher(LocalPolicy)``)."""
+    inner = getattr(policy, "policy", None)
+    name = type(policy).__name__
+    return f"{name}({type(inner).__name__})" if inner is not None else name
+
+
+def distill(
+    *,
+    run_dir: str,
+    teacher=None,
+    actor: ActorConfig = ActorConfig(),
+    seed: int = 0,
+    dataset: DatasetConfig | DemoTasksConfig | None = None,
+    tasks: Sequence | None = None,
+    references: Mapping | None = None,
+    episode_config: EpisodeConfig = EpisodeConfig(max_steps=40),
+    sft_config: SFTConfig = SFTConfig(),
+    self_sampling: SamplingConfig = SamplingConfig(temperature=1.0),
+    privileged: bool = False,
+    show_code: bool = False,
+    episodes_per_task: int = 1,
+    enable_thinking: bool = False,
+    max_checkpoints: int | None = 3,
+    mesh_config: parallel.MeshConfig | None = None,
+    sandbox_workers: int = 4,
+) -> dict:
+    """Fine-tunes the actor's LoRA adapters on a teacher's episodes; returns a summary.
+
+    Args:
+      run_dir: where teacher_episodes.jsonl, checkpoints/, adapter/ and summary.json go.
+      teacher: the teacher's backend (``pau_jax.policy.backends``), or 'self' for the
+        actor's own base model sampled with ``self_sampling`` (self-distillation,
+        said in the summary). Required.
+      actor, seed, dataset, tasks, references, episode_config, max_checkpoints,
+        mesh_config, sandbox_workers: as ``rl.loop.train``.
+      sft_config: optimiser and batching of the fine-tuning.
+      self_sampling: the 'self' teacher's sampling (its seed is the run's seed).
+      privileged: wrap the teacher in ``PrivilegedTeacher`` (CodeARC-SFT): it sees the
+        gold description; the recorded prompts do not.
+      show_code: the privileged teacher also sees the source.
+      episodes_per_task: teacher episodes per training task.
+      enable_thinking: passed to the chat template when the pairs are rendered.
+    """
+    if teacher is None:
+        raise ValueError(
+            "distillation needs a teacher: set --gin.TEACHER=<a *BackendConfig> "
+            "(the paper's DISTILL teacher is GPT-4o-mini through an endpoint) or "
+            "--gin.TEACHER=\"'self'\" for self-distillation from the base model"
+        )
+    if isinstance(teacher, str) and teacher != SELF:
+        raise ValueError(f"teacher must be a *BackendConfig or '{SELF}', got {teacher!r}")
+    with (
+        run_lib.open_run(
+            run_dir,
+            actor,
+            seed=seed,
+            mesh_config=mesh_config,
+            max_checkpoints=max_checkpoints,
+            tag="sft",
+        ) as r,
+        Executor(workers=sandbox_workers) as executor,
+    ):
+        if tasks is None:
+            specs, refs = load_tasks(dataset or DemoTasksConfig(), executor, episode_config)
+        else:
+            specs, refs = list(tasks), references or {}
+        r.to_layout(parallel.SAMPLER_RULES)
+        if teacher == SELF:
+            print("[sft] SELF-DISTILLATION: the teacher is the actor's own base model")
+            policy = r.base_policy(
+                dataclasses.replace(self_sampling, seed=self_sampling.seed + seed)
+            )
+        else:
+            policy = backends.build_policy(teacher, specs)
+        if privileged:
+            policy = PrivilegedTeacher(policy, specs, refs, show_code=show_code)
+        print(f"[sft] SFT on the episodes of teacher {_describe(policy)}", flush=True)
+        result = fine_tune(
+            model=r.model,
+            tokenizer=r.tokenizer,
+            teacher_policy=policy,
+            specs=specs,
+            executor=executor,
+            episode_config=episode_config,
+            sft_config=sft_config,
+            run_dir=r.out,
+            checkpointer=r.checkpointer,
+            writer=r.writer,
+            seed=seed,
+            episodes_per_task=episodes_per_task,
+            enable_thinking=enable_thinking,
+            before_training=lambda: r.to_layout(parallel.LEARNER_RULES),
+            primary=r.primary,
+            barrier=parallel.barrier,
+        )
+        summary = {
+            "mode": "sft",
+            "steps": result["steps"],
+            "teacher": _describe(policy),
+            "self_distillation": teacher == SELF,
+            "last_metrics": result["last_metrics"],
+        }
+        return r.finish(summary)

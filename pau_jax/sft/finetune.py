@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pau_jax.rl import grpo, learner
 from pau_jax.sft import trainer
 from pau_jax.sft.trainer import SFTConfig, SFTExample
+from pau_jax.training import step as step_lib
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -129,13 +129,10 @@ def examples(
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _nll_sums(graphdef, chunk_tokens: int, base, lora, batch):
+def _nll_sums(graphdef, loss: trainer.NLLLoss, base, lora, batch):
     """(sum of token NLL, number of tokens) of a batch under the base plus `lora`."""
-    model = nnx.merge(graphdef, lora, base)
-    logp, _ = grpo.token_logprobs(
-        model, batch.input_ids, batch.attention_mask, chunk_tokens=chunk_tokens
-    )
-    return trainer.nll_loss(logp, batch.loss_mask)
+    loss_sum, denominator, _ = loss(nnx.merge(graphdef, lora, base), batch)
+    return loss_sum, denominator
 
 
 def _batches(items: Sequence[SFTExample], config: SFTConfig, pad_id: int):
@@ -152,7 +149,7 @@ def _export(model, state, path: pathlib.Path, base_name: str) -> None:
     """Writes the state's adapters as a PEFT folder, replacing `path` atomically."""
     from pau_jax.models import lora
 
-    learner.sync_model(model, dataclasses.replace(state, lora=jax.tree.map(jnp.copy, state.lora)))
+    step_lib.sync_model(model, dataclasses.replace(state, lora=jax.tree.map(jnp.copy, state.lora)))
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     lora.export_peft(model, tmp, base_model_name_or_path=base_name)
@@ -190,9 +187,10 @@ def train_adapter(
       ValueError: `out_dir` holds a fine-tuning of other pairs or settings, or no
         pair fits `config.sft.max_length`.
     """
-    from pau_jax import checkpoint, models
+    from pau_jax import models
     from pau_jax.models import lora
     from pau_jax.tokenizer import load_tokenizer
+    from pau_jax.training import checkpoint
 
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -231,10 +229,12 @@ def train_adapter(
     model, _ = models.load_hf(pathlib.Path(checkpoint_dir).expanduser(), dtype=dtype)
     lora.apply_lora(model, rank=config.lora_rank, alpha=config.lora_alpha, seed=sft.seed)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    step_fn = trainer.SFTStep(model, sft)
-    graphdef, _, _ = learner.split_model(model)
-    nll = functools.partial(_nll_sums, graphdef, sft.logits_chunk_tokens)
-    state = learner.init_state(model, sft.learner_config())
+    step_fn = trainer.make_sft_step(model, sft)
+    graphdef, _, _ = step_lib.split_model(model)
+    nll = functools.partial(
+        _nll_sums, graphdef, trainer.NLLLoss(chunk_tokens=sft.logits_chunk_tokens)
+    )
+    state = step_lib.init_state(model, sft.optimizer())
     history: list[dict] = []
     with checkpoint.Checkpointer(out / "checkpoints", max_to_keep=1) as ckpt:
         latest = ckpt.latest_step()

@@ -1,6 +1,6 @@
 """A teacher that knows the answer (CodeARC-SFT): the wrapped policy sees the gold description.
 
-``PrivilegedTeacher(policy, references)`` is itself a policy. For each
+``PrivilegedTeacher(policy, specs, references)`` is itself a policy. For each
 conversation it finds the task by the header and shown examples that the PAU
 prompts print (rendered with ``env.prompts`` itself, so the match follows the
 prompt format), appends the task's gold description (and, optionally, its
@@ -11,10 +11,11 @@ exactly the (prompt, completion) pairs that SFT on the teacher's trajectories ne
 """
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pau_jax.env import prompts
+from pau_jax.tasks.reference import TaskReference
 
 PRIVILEGED_HEADER = (
     "Privileged information about the function (the learner you are demonstrating for "
@@ -24,21 +25,10 @@ PRIVILEGED_HEADER = (
 )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Reference:
-    """The answer to one task.
-
-    Attributes:
-      header: the anonymised header shown to the agent.
-      examples: the shown examples, as in ``episode.Task.examples``.
-      description: the gold description.
-      code: the function's source ('' to leave it out).
-    """
-
-    header: str
-    examples: tuple[prompts.Observation, ...]
+@dataclasses.dataclass(frozen=True)
+class _Answer:
     description: str
-    code: str = ""
+    code: str
 
 
 def task_text(header: str, examples: Sequence[prompts.Observation]) -> str:
@@ -62,34 +52,49 @@ class PrivilegedTeacher:
       sent: the conversations last sent to the wrapped policy (for inspection).
     """
 
-    def __init__(self, policy, references: Sequence[Reference], *, show_code: bool = False):
-        """Indexes the references by their rendered header and examples.
+    def __init__(
+        self,
+        policy,
+        specs: Sequence,
+        references: Mapping[str, TaskReference],
+        *,
+        show_code: bool = False,
+    ):
+        """Indexes the tasks' answers by their rendered header and shown examples.
+
+        Args:
+          policy: the wrapped policy.
+          specs: the episodes it will be asked about (``runner.EpisodeSpec``).
+          references: task id -> ``TaskReference`` (its ``description``, and ``code``
+            or else the spec's code).
 
         Raises:
-          ValueError: no references, or two with the same header and examples
-            but different answers.
+          ValueError: no specs, a task without a reference, or two tasks with the same
+            header and examples but different answers.
         """
-        if not references:
-            raise ValueError("PrivilegedTeacher needs at least one Reference")
+        if not specs:
+            raise ValueError("PrivilegedTeacher needs at least one task")
         self.policy = policy
         self.show_code = show_code
         self.sent: list[list[dict]] = []
-        self._by_text: dict[str, Reference] = {}
-        for ref in references:
-            key = task_text(ref.header, ref.examples)
+        self._by_text: dict[str, _Answer] = {}
+        for spec in specs:
+            task = spec.task
+            if task.task_id not in references:
+                raise ValueError(f"task {task.task_id!r} has no reference (gold description)")
+            ref = references[task.task_id]
+            answer = _Answer(ref.description, ref.code or spec.code)
+            key = task_text(task.header, task.examples)
             other = self._by_text.get(key)
-            if other is not None and (other.description, other.code) != (
-                ref.description,
-                ref.code,
-            ):
+            if other is not None and other != answer:
                 raise ValueError(
-                    f"two references share header and examples but differ in their answer: "
-                    f"{ref.header!r}"
+                    f"two tasks share header and examples but differ in their answer: "
+                    f"{task.header!r}"
                 )
-            self._by_text[key] = ref
+            self._by_text[key] = answer
 
-    def reference_for(self, conversation: Sequence[dict]) -> Reference:
-        """The reference whose header and examples the conversation shows.
+    def reference_for(self, conversation: Sequence[dict]) -> _Answer:
+        """The answer of the task whose header and examples the conversation shows.
 
         Raises:
           ValueError: none matches, or several different tasks do.
@@ -101,9 +106,9 @@ class PrivilegedTeacher:
         if not found:
             raise ValueError(
                 "no reference matches the conversation's header and shown examples; "
-                "pass a Reference for every task the runner is given"
+                "pass the spec and reference of every task the runner is given"
             )
-        answers = {(self._by_text[k].description, self._by_text[k].code) for k in found}
+        answers = {self._by_text[k] for k in found}
         if len(answers) > 1:
             raise ValueError(f"the conversation matches {len(found)} different references")
         return self._by_text[found[0]]

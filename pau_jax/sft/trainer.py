@@ -1,22 +1,19 @@
 """Behaviour cloning of recorded episode steps: masked token NLL on LoRA adapters, micro-batched.
 
-Every step of an episode record (``evaluation.runner.episode_record``) becomes
+Every step of an episode record (``env.runner.episode_record``) becomes
 one training pair: the prompt is the chat template of the step's ``messages``
 with the generation prompt (exactly what ``LocalPolicy`` feeds the sampler),
 the completion is the step's ``output`` followed by the end-of-turn token. The
-loss is the token mean of ``-log p(completion token)`` over a batch, computed
-as (sum, denominator) per micro-batch like ``grpo.policy_loss`` so that
-micro-batching gives the full-batch gradient. The update reuses the learner's
-``TrainState``, ``init_state`` and optimizer: only ``nnx.LoRAParam`` arrays
-move, and the base weights are read, never written.
+loss (``NLLLoss``) is the token mean of ``-log p(completion token)``, given to
+``training.step`` as (sum, denominator) so that micro-batching gives the
+full-batch gradient; only ``nnx.LoRAParam`` arrays move.
 
-    step = SFTStep(model, config)
-    state = learner.init_state(model, config.learner_config())
+    sft_step = make_sft_step(model, config)
+    state = training.step.init_state(model, config.optimizer())
     state, history = train_sft(model, tokenizer, records, config)
 """
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -24,12 +21,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
-from pau_jax.rl import grpo, learner
-from pau_jax.rl.learner import Batch, TrainState
-from pau_jax.rl.samples import Sample, make_batch
+from pau_jax.training import batch as batch_lib
+from pau_jax.training import step as step_lib
+from pau_jax.training.logprobs import token_logprobs
+from pau_jax.training.step import TokenBatch, TrainState
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>")
 
@@ -82,14 +79,12 @@ class SFTConfig:
                 f"batch_size={self.batch_size}"
             )
 
-    def learner_config(self) -> learner.LearnerConfig:
-        """The learner config carrying this config's optimiser settings (for init_state)."""
-        return learner.LearnerConfig(
+    def optimizer(self) -> step_lib.OptimizerConfig:
+        """The optimizer's part of this config."""
+        return step_lib.OptimizerConfig(
             learning_rate=self.learning_rate,
             weight_decay=self.weight_decay,
             max_grad_norm=self.max_grad_norm,
-            micro_batch_size=self.micro_batch_size,
-            logits_chunk_tokens=self.logits_chunk_tokens,
         )
 
 
@@ -105,7 +100,7 @@ def nll_loss(logp: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Arra
     """Token NLL of a (micro-)batch as (sum, denominator); position 0 never counts.
 
     Args:
-      logp: [B, T] log-probs, column t scoring token t (``grpo.token_logprobs``).
+      logp: [B, T] log-probs, column t scoring token t (``training.logprobs.token_logprobs``).
       loss_mask: [B, T], 1 on the tokens to imitate.
 
     Returns:
@@ -117,101 +112,52 @@ def nll_loss(logp: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Arra
 
 def make_sft_batch(
     examples: Sequence[SFTExample], *, pad_to_multiple: int, rows_multiple: int, pad_id: int = 0
-) -> Batch:
-    """Left-padded learner ``Batch`` of pairs (its advantages and sampler log-probs are 0)."""
-    return make_batch(
-        [
-            Sample(
-                prompt_ids=e.prompt_ids,
-                completion_ids=e.completion_ids,
-                sampler_logprobs=[0.0] * len(e.completion_ids),
-                advantage=0.0,
-            )
-            for e in examples
-        ],
+) -> TokenBatch:
+    """Left-padded batch of pairs (``training.batch.left_pad``); the loss is on the completions."""
+    input_ids, attention, loss = batch_lib.left_pad(
+        [e.prompt_ids for e in examples],
+        [e.completion_ids for e in examples],
         pad_to_multiple=pad_to_multiple,
         rows_multiple=rows_multiple,
         pad_id=pad_id,
     )
-
-
-def _micro_batch_nll(graphdef, chunk_tokens: int, base, lora, batch: Batch):
-    model = nnx.merge(graphdef, lora, base)
-    logp, _ = grpo.token_logprobs(
-        model, batch.input_ids, batch.attention_mask, chunk_tokens=chunk_tokens
-    )
-    return nll_loss(logp, batch.loss_mask)
-
-
-def _update(graphdef, config: SFTConfig, base, state: TrainState, batch: Batch):
-    rows = batch.input_ids.shape[0]
-    size = config.micro_batch_size or rows
-    if rows % size:
-        raise ValueError(f"batch of {rows} rows is not a multiple of micro_batch_size={size}")
-    grad_fn = jax.value_and_grad(
-        functools.partial(_micro_batch_nll, graphdef, config.logits_chunk_tokens, base),
-        has_aux=True,
+    return TokenBatch(
+        input_ids=jnp.asarray(input_ids),
+        attention_mask=jnp.asarray(attention),
+        loss_mask=jnp.asarray(loss),
     )
 
-    def accumulate(carry, micro):
-        grads, loss_sum, denominator = carry
-        (part_sum, part_denominator), part_grads = grad_fn(state.lora, micro)
-        return (
-            jax.tree.map(jnp.add, grads, part_grads),
-            loss_sum + part_sum,
-            denominator + part_denominator,
-        ), None
 
-    zero = jnp.zeros((), jnp.float32)
-    carry = (jax.tree.map(jnp.zeros_like, state.lora), zero, zero)
-    if size == rows:
-        carry, _ = accumulate(carry, batch)
-    else:
-        micro_batches = jax.tree.map(lambda x: x.reshape(rows // size, size, *x.shape[1:]), batch)
-        carry, _ = jax.lax.scan(accumulate, carry, micro_batches)
-    grads, loss_sum, denominator = carry
-    grads = jax.tree.map(lambda g: g / jnp.maximum(denominator, 1.0), grads)
-    updates, opt_state = learner.optimizer(config.learner_config()).update(
-        grads, state.opt_state, state.lora
-    )
-    new_state = TrainState(
-        step=state.step + 1, lora=optax.apply_updates(state.lora, updates), opt_state=opt_state
-    )
-    metrics = {
-        "sft/loss": loss_sum / jnp.maximum(denominator, 1.0),
-        "sft/tokens": denominator,
-        "train/grad_norm": optax.tree.norm(grads),
-        "train/update_norm": optax.tree.norm(updates),
-    }
-    return new_state, metrics
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NLLLoss:
+    """Token-mean NLL of the masked tokens, as ``training.step`` takes a loss."""
+
+    chunk_tokens: int = 1024
+
+    def __call__(self, model, batch: TokenBatch):
+        logp, _ = token_logprobs(
+            model, batch.input_ids, batch.attention_mask, chunk_tokens=self.chunk_tokens
+        )
+        loss_sum, denominator = nll_loss(logp, batch.loss_mask)
+        return loss_sum, denominator, {}
+
+    def metrics(self, loss_sum, denominator, stats) -> dict:
+        return {"sft/loss": loss_sum / jnp.maximum(denominator, 1.0), "sft/tokens": denominator}
 
 
-_update_jitted = jax.jit(_update, static_argnums=(0, 1), donate_argnums=(3,))
-
-
-class SFTStep:
+def make_sft_step(model: nnx.Module, config: SFTConfig) -> step_lib.TrainStep:
     """The compiled update ``sft_step(state, batch) -> (state, metrics)`` of one model.
 
-    As ``learner.TrainStep``: the base weights are read from the model once and
-    passed to every call undonated; the train state (from
-    ``learner.init_state(model, config.learner_config())``) is donated.
-
-    Attributes:
-      jitted: ``(base, state, batch) -> (state, metrics)``: one ``jax.jit`` program
-        shared by every ``SFTStep`` of the same model structure and config (a
-        resumed or repeated fine-tuning in one process compiles once).
-      base: the model's non-LoRA state (its own arrays).
+    One ``jax.jit`` program per model structure and config is shared by every step
+    made here, so a resumed or repeated fine-tuning in one process compiles once.
+    The train state comes from ``training.step.init_state(model, config.optimizer())``.
     """
-
-    def __init__(self, model: nnx.Module, config: SFTConfig):
-        graphdef, _, self.base = learner.split_model(model)
-        self.config = config
-        # One compiled program per (model structure, config), shared by every SFTStep.
-        self.jitted = functools.partial(_update_jitted, graphdef, config)
-
-    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        """One optimizer step on ``batch`` (its loss mask marks the tokens to imitate)."""
-        return self.jitted(self.base, state, batch)
+    return step_lib.make_train_step(
+        NLLLoss(chunk_tokens=config.logits_chunk_tokens),
+        config.optimizer(),
+        model=model,
+        micro_batch_size=config.micro_batch_size,
+    )
 
 
 def end_of_turn_id(tokenizer) -> int:
@@ -312,8 +258,8 @@ def train_sft(
             f"no training pair fits max_length={config.max_length} ({len(examples)} pairs)"
         )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    step_fn = SFTStep(model, config)
-    state = learner.init_state(model, config.learner_config())
+    step_fn = make_sft_step(model, config)
+    state = step_lib.init_state(model, config.optimizer())
     rng = np.random.default_rng(config.seed)
     history = []
     for epoch in range(config.epochs):
@@ -339,5 +285,5 @@ def train_sft(
             if writer is not None:
                 writer.write(len(history), metrics)
     # The model gets copies, so donating the returned state later leaves it intact.
-    learner.sync_model(model, dataclasses.replace(state, lora=jax.tree.map(jnp.copy, state.lora)))
+    step_lib.sync_model(model, dataclasses.replace(state, lora=jax.tree.map(jnp.copy, state.lora)))
     return state, history

@@ -3,7 +3,8 @@
 import dataclasses
 
 from pau_jax.env import episode, prompts
-from pau_jax.evaluation.runner import EpisodeSpec
+from pau_jax.env.runner import EpisodeSpec
+from pau_jax.tasks.reference import TaskReference
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -83,3 +84,35 @@ def demo_specs(executor, config: episode.EpisodeConfig) -> list[EpisodeSpec]:
         )
         specs.append(EpisodeSpec(task=task, code=t.code))
     return specs
+
+
+def load(
+    executor, config: episode.EpisodeConfig
+) -> tuple[list[EpisodeSpec], dict[str, TaskReference]]:
+    """Specs and references of the embedded tasks (source 'demo').
+
+    The shown and held-out outputs are computed once by running each task's code
+    in `executor` (the references then hold them as stored outputs).
+    """
+    specs = demo_specs(executor, config)
+    by_id = {t.task_id: t for t in DEMO_TASKS}
+    references = {}
+    for s in specs:
+        task = by_id[s.task.task_id]
+        results = executor.call_many(s.code, list(task.held_out), timeout_s=10.0)
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise RuntimeError(
+                f"demo task {task.task_id}: a held-out call failed ({failed[0].error_type}: "
+                f"{failed[0].error_message})"
+            )
+        references[s.task.task_id] = TaskReference(
+            code=s.code,
+            header=s.task.header,
+            description=task.description,
+            held_out=task.held_out,
+            held_out_outputs=tuple(r.value for r in results),
+            examples=tuple(f"{o.call} -> {o.result}" for o in s.task.examples),
+            source="demo",
+        )
+    return specs, references

@@ -1,12 +1,12 @@
-"""Benchmark items as evaluation tasks: dataset records to episode specs and scoring references.
+"""The `pau` benchmark as tasks: built TFDS splits read back as episode specs and references.
 
 A record of the TFDS `pau` dataset (`pau_jax.data.pipeline.Record`) holds its
 inputs and outputs in the sandbox's typed codec. Its two shown examples become
 the task's examples (displayed as the agent sees values), its held-out inputs
 become E_test of the reference.
 
-    records = tasks.load_split("debug", "test", data_dir)
-    specs, references = tasks.from_records(records, EpisodeConfig())
+    records = pau_dataset.load_split("debug", "test", data_dir)
+    specs, references = pau_dataset.from_records(records, EpisodeConfig())
 """
 
 import importlib
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from pau_jax.data.pipeline import Record
 from pau_jax.env import episode, prompts
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.evaluation.runner import EpisodeSpec
-from pau_jax.evaluation.score import Reference
+from pau_jax.env.runner import EpisodeSpec
 from pau_jax.sandbox import values
+from pau_jax.tasks.reference import TaskReference
 
 DATASET_NAME = "pau"
 _REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -62,9 +62,9 @@ def _lines(observations) -> tuple[str, ...]:
     return tuple(f"{o.call} -> {o.result}" for o in observations)
 
 
-def to_reference(record: Record, display_mode: str = "repr") -> Reference:
+def to_reference(record: Record, display_mode: str = "repr") -> TaskReference:
     """What scoring needs about one record: code, gold description, E_test, shown examples."""
-    return Reference(
+    return TaskReference(
         code=record.code,
         header=record.header,
         description=record.description,
@@ -77,45 +77,13 @@ def to_reference(record: Record, display_mode: str = "repr") -> Reference:
 
 def from_records(
     records: Sequence[Record], config: EpisodeConfig
-) -> tuple[list[EpisodeSpec], dict[str, Reference]]:
+) -> tuple[list[EpisodeSpec], dict[str, TaskReference]]:
     """Episode specs (in record order) and references keyed by task id."""
     ids = [r.task_id for r in records]
     if len(set(ids)) != len(ids):
         raise ValueError("dataset records have duplicate task ids; pass each item once")
     references = {r.task_id: to_reference(r, config.display_mode) for r in records}
     return [to_spec(r, config) for r in records], references
-
-
-def demo(executor, config: EpisodeConfig) -> tuple[list[EpisodeSpec], dict[str, Reference]]:
-    """Specs and references of the tasks embedded in `pau_jax.demo_tasks` (source 'demo').
-
-    The shown and held-out outputs are computed once by running each task's code
-    in `executor` (the references then hold them as stored outputs).
-    """
-    from pau_jax import demo_tasks
-
-    specs = demo_tasks.demo_specs(executor, config)
-    by_id = {t.task_id: t for t in demo_tasks.DEMO_TASKS}
-    references = {}
-    for s in specs:
-        task = by_id[s.task.task_id]
-        results = executor.call_many(s.code, list(task.held_out), timeout_s=10.0)
-        failed = [r for r in results if not r.ok]
-        if failed:
-            raise RuntimeError(
-                f"demo task {task.task_id}: a held-out call failed ({failed[0].error_type}: "
-                f"{failed[0].error_message})"
-            )
-        references[s.task.task_id] = Reference(
-            code=s.code,
-            header=s.task.header,
-            description=task.description,
-            held_out=task.held_out,
-            held_out_outputs=tuple(r.value for r in results),
-            examples=_lines(s.task.examples),
-            source="demo",
-        )
-    return specs, references
 
 
 def is_built(config: str, data_dir: str | pathlib.Path) -> bool:

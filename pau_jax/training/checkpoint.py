@@ -1,7 +1,7 @@
 """Saving and restoring the train state and its JSON side data with orbax, for resumable runs.
 
 Each step is a directory ``<directory>/<step>/`` with two items: ``state``
-(the ``learner.TrainState`` arrays, written by every process for its own
+(the ``training.step.TrainState`` arrays, written by every process for its own
 shards; orbax's collective save, so all processes must call ``save`` with the
 same step) and ``extra`` (a JSON object written once: rng key data, data
 position, config fingerprint, ...). Orbax writes a step into a temporary
@@ -30,7 +30,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from pau_jax.rl.learner import TrainState
+from pau_jax.training.step import TrainState
 
 _STATE, _EXTRA = "state", "extra"
 
@@ -150,7 +150,7 @@ class Checkpointer:
         Args:
           step: a saved step (``latest_step()`` for resuming).
           target_state: a ``TrainState`` of arrays or of ``jax.ShapeDtypeStruct``
-            (e.g. ``jax.eval_shape`` of ``learner.init_state``); leaves without a
+            (e.g. ``jax.eval_shape`` of ``training.step.init_state``); leaves without a
             sharding are placed on the first local device.
 
         Returns:

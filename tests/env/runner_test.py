@@ -5,12 +5,11 @@ import json
 
 import pytest
 
-from pau_jax import demo_tasks
-from pau_jax.env import episode
+from pau_jax.env import episode, runner
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.evaluation import runner
 from pau_jax.policy.local import Completion
 from pau_jax.sandbox import Executor
+from pau_jax.tasks import demo as demo_tasks
 
 # Inputs a scripted prober tries, per task, in order.
 PROBES = {

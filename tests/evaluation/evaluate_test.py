@@ -9,12 +9,14 @@ import launching
 import pytest
 
 from pau_jax.evaluation import pipeline
-from pau_jax.policy import scripted
+from pau_jax.policy import backends, scripted
+from pau_jax.tasks import DatasetConfig, DemoTasksConfig
+from pau_jax.tasks import demo as demo_tasks
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTED = dict(
-    judge=pipeline.ScriptedJudgeBackendConfig(),
-    coder=pipeline.ScriptedCoderBackendConfig(),
+    judge=backends.ScriptedJudgeBackendConfig(),
+    coder=backends.ScriptedCoderBackendConfig(),
     bootstrap_resamples=500,
 )
 
@@ -26,7 +28,7 @@ def _lines(path):
 def test_demo_tasks_both_modes_and_resume(tmp_path, capsys):
     config = pipeline.EpisodeConfig(call_budget=3)
     kwargs = dict(
-        policy=pipeline.OracleBackendConfig(n_probes=2),
+        policy=backends.OracleBackendConfig(n_probes=2),
         modes=("interactive", "in_context"),
         coder_observations=(False, True),
         episode_config=config,
@@ -71,11 +73,11 @@ def test_demo_tasks_both_modes_and_resume(tmp_path, capsys):
 
 
 def test_debug_split_oracle_beats_random_prober(tmp_path):
-    dataset = pipeline.DatasetConfig(
+    dataset = DatasetConfig(
         config="debug", data_dir=str(tmp_path / "tfds"), build_if_missing=True, limit=6
     )
     means = {}
-    for backend in (pipeline.OracleBackendConfig(), pipeline.RandomProberBackendConfig(seed=1)):
+    for backend in (backends.OracleBackendConfig(), backends.RandomProberBackendConfig(seed=1)):
         name = type(backend).__name__
         result = pipeline.evaluate(
             run_dir=str(tmp_path / name),
@@ -114,7 +116,6 @@ class _OracleHandler(http.server.BaseHTTPRequestHandler):
 
 
 def test_http_backend(tmp_path):
-    from pau_jax import demo_tasks
     from pau_jax.env.episode import EpisodeConfig
     from pau_jax.policy.http import HTTPConfig
     from pau_jax.sandbox import Executor
@@ -126,7 +127,7 @@ def test_http_backend(tmp_path):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-        backend = pipeline.HTTPBackendConfig(http=HTTPConfig(base_url=url, model="oracle"))
+        backend = backends.HTTPBackendConfig(http=HTTPConfig(base_url=url, model="oracle"))
         result = pipeline.evaluate(
             run_dir=str(tmp_path), policy=backend, modes=("in_context",), **SCRIPTED
         )
@@ -142,7 +143,7 @@ def test_local_backend_tiny_checkpoint(tmp_path):
     from flax import nnx
 
     from pau_jax.models import qwen3
-    from pau_jax.policy.local import SamplingConfig
+    from pau_jax.policy.config import SamplingConfig
     from pau_jax.tokenizer import save_offline_tokenizer
 
     config = qwen3.Qwen3Config(
@@ -153,16 +154,13 @@ def test_local_backend_tiny_checkpoint(tmp_path):
     checkpoint = tmp_path / "ckpt"
     qwen3.save_hf(qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)), config, checkpoint)
     save_offline_tokenizer(checkpoint)
-    backend = pipeline.LocalBackendConfig(
+    backend = backends.LocalBackendConfig(
         checkpoint_dir=str(checkpoint), sampling=SamplingConfig(max_new_tokens=4)
     )
-    backends = pipeline._Backends([])
-    first, second = backends.build(backend), backends.build(backend)
-    assert first.model is second.model  # one copy of the weights for several seats
     result = pipeline.evaluate(
         run_dir=str(tmp_path / "run"),
         policy=backend,
-        dataset=pipeline.DemoTasksConfig(limit=2),
+        dataset=DemoTasksConfig(limit=2),
         modes=("in_context",),
         **SCRIPTED,
     )
@@ -172,17 +170,17 @@ def test_local_backend_tiny_checkpoint(tmp_path):
 
 
 def test_bad_arguments_are_clear(tmp_path):
-    oracle = pipeline.OracleBackendConfig()
+    oracle = backends.OracleBackendConfig()
     with pytest.raises(ValueError, match="modes must be"):
         pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, modes=("both",))
     with pytest.raises(ValueError, match="coder_observations"):
         pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, coder_observations=())
-    with pytest.raises(TypeError, match="dataset must be"):
+    with pytest.raises(TypeError, match="task source must be"):
         pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, dataset="demo", **SCRIPTED)
     with pytest.raises(ValueError, match="checkpoint_dir is not set"):
         pipeline.evaluate(
             run_dir=str(tmp_path),
-            policy=pipeline.LocalBackendConfig(checkpoint_dir=None),
+            policy=backends.LocalBackendConfig(checkpoint_dir=None),
             **SCRIPTED,
         )
     with pytest.raises(TypeError, match="unknown backend"):
@@ -191,15 +189,15 @@ def test_bad_arguments_are_clear(tmp_path):
         pipeline.evaluate(
             run_dir=str(tmp_path),
             policy=oracle,
-            dataset=pipeline.DatasetConfig(config="debug", data_dir=str(tmp_path / "none")),
+            dataset=DatasetConfig(config="debug", data_dir=str(tmp_path / "none")),
             **SCRIPTED,
         )
 
 
 def test_the_judge_and_the_coder_must_be_chosen(tmp_path):
-    oracle = pipeline.OracleBackendConfig()
-    coder = pipeline.ScriptedCoderBackendConfig()
-    judge = pipeline.ScriptedJudgeBackendConfig()
+    oracle = backends.OracleBackendConfig()
+    coder = backends.ScriptedCoderBackendConfig()
+    judge = backends.ScriptedJudgeBackendConfig()
     # Nothing runs without a judge and a coder: the model under test never grades itself silently.
     with pytest.raises(ValueError, match="no judge is set.*JUDGE.*'self'"):
         pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, coder=coder)
@@ -233,17 +231,17 @@ class _DescribeAndCode:
 
 
 def test_a_self_graded_run_says_so_at_the_top(tmp_path, monkeypatch):
-    agent_config = pipeline.RandomProberBackendConfig(seed=7)
-    build = pipeline._Backends.build
+    agent_config = backends.RandomProberBackendConfig(seed=7)
+    build = backends.Backends.build
     monkeypatch.setattr(
-        pipeline._Backends,
+        backends.Backends,
         "build",
         lambda self, b: _DescribeAndCode() if b == agent_config else build(self, b),
     )
     result = pipeline.evaluate(
         run_dir=str(tmp_path),
         policy=agent_config,
-        judge=pipeline.ScriptedJudgeBackendConfig(),
+        judge=backends.ScriptedJudgeBackendConfig(),
         coder="self",
         modes=("in_context",),
         bootstrap_resamples=200,
@@ -253,14 +251,6 @@ def test_a_self_graded_run_says_so_at_the_top(tmp_path, monkeypatch):
     assert next(iter(metrics)) == "grading" and metrics["grading"]["self_graded"] is True
     report = (tmp_path / "report.md").read_text().splitlines()
     assert report[0].startswith("# ") and report[2].startswith("**Self-graded**")
-    # A seat on the agent's own checkpoint counts as self-graded too.
-    agent = pipeline.LocalBackendConfig(checkpoint_dir="/ckpt/a", adapter_dir="/runs/x/adapter")
-    seat, is_self = pipeline.resolve_seat(
-        "judge", pipeline.LocalBackendConfig(checkpoint_dir="/ckpt/a"), agent
-    )
-    assert is_self and seat.checkpoint_dir == "/ckpt/a"
-    other = pipeline.LocalBackendConfig(checkpoint_dir="/ckpt/judge")
-    assert pipeline.resolve_seat("judge", other, agent) == (other, False)
 
 
 class _WrongCoderHandler(_OracleHandler):
@@ -273,7 +263,6 @@ class _WrongCoderHandler(_OracleHandler):
 
 def test_a_wrong_coder_scores_below_one_against_the_stored_outputs(tmp_path):
     from pau_jax.env.episode import EpisodeConfig
-    from pau_jax.evaluation import tasks
     from pau_jax.policy.http import HTTPConfig
     from pau_jax.sandbox import Executor, values
 
@@ -281,11 +270,11 @@ def test_a_wrong_coder_scores_below_one_against_the_stored_outputs(tmp_path):
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-        coder = pipeline.HTTPBackendConfig(http=HTTPConfig(base_url=url, model="zero"))
+        coder = backends.HTTPBackendConfig(http=HTTPConfig(base_url=url, model="zero"))
         result = pipeline.evaluate(
             run_dir=str(tmp_path),
-            policy=pipeline.OracleBackendConfig(n_probes=1),
-            judge=pipeline.ScriptedJudgeBackendConfig(),
+            policy=backends.OracleBackendConfig(n_probes=1),
+            judge=backends.ScriptedJudgeBackendConfig(),
             coder=coder,
             episode_config=EpisodeConfig(call_budget=2),
             bootstrap_resamples=200,
@@ -294,7 +283,7 @@ def test_a_wrong_coder_scores_below_one_against_the_stored_outputs(tmp_path):
         httpd.shutdown()
         httpd.server_close()
     with Executor(workers=1) as ex:
-        _, references = tasks.demo(ex, EpisodeConfig())
+        _, references = demo_tasks.load(ex, EpisodeConfig())
     # Per task, the share of stored held-out outputs that are the int 0 (typed: not 0.0 or False).
     expected = {
         tid: sum(values.typed_equal(o, 0) for o in ref.held_out_outputs) / len(ref.held_out)
@@ -377,7 +366,8 @@ def test_eval_gin_files_parse(files, tmp_path):
 
 
 def test_episode_calls_and_scoring_have_their_own_timeouts(tmp_path, monkeypatch):
-    from pau_jax.evaluation import runner, score
+    from pau_jax.env import runner
+    from pau_jax.evaluation import score
 
     seen = {}
     run, scored = runner.run_episodes, score.score_episodes
@@ -394,8 +384,8 @@ def test_episode_calls_and_scoring_have_their_own_timeouts(tmp_path, monkeypatch
     monkeypatch.setattr(pipeline.score, "score_episodes", score_spy)
     pipeline.evaluate(
         run_dir=str(tmp_path),
-        policy=pipeline.OracleBackendConfig(n_probes=1),
-        dataset=pipeline.DemoTasksConfig(limit=1),
+        policy=backends.OracleBackendConfig(n_probes=1),
+        dataset=DemoTasksConfig(limit=1),
         call_timeout_s=30.0,
         score_timeout_s=0.5,
         attribute_failures=False,

@@ -3,8 +3,11 @@
 import checkpoints
 import pytest
 
-from pau_jax.evaluation import pipeline, runner, tasks
-from pau_jax.policy import scripted
+from pau_jax.env import runner
+from pau_jax.evaluation import pipeline
+from pau_jax.policy import backends, scripted
+from pau_jax.tasks import DatasetConfig
+from pau_jax.tasks import pau_dataset as tasks
 
 
 class RecordingCoder:
@@ -27,16 +30,16 @@ def data_dir(tmp_path_factory):
 def test_the_coder_sees_the_gold_description_and_the_two_shown_examples(
     data_dir, tmp_path, monkeypatch
 ):
-    coder_config = pipeline.ScriptedCoderBackendConfig()
+    coder_config = backends.ScriptedCoderBackendConfig()
     coder = RecordingCoder()
-    build = pipeline._Backends.build
+    build = backends.Backends.build
     monkeypatch.setattr(
-        pipeline._Backends, "build", lambda self, b: coder if b == coder_config else build(self, b)
+        backends.Backends, "build", lambda self, b: coder if b == coder_config else build(self, b)
     )
-    dataset = pipeline.DatasetConfig(config="debug", data_dir=str(data_dir))
+    dataset = DatasetConfig(config="debug", data_dir=str(data_dir))
     result = pipeline.evaluate(
         run_dir=str(tmp_path),
-        policy=pipeline.LocalBackendConfig(checkpoint_dir=None),  # never loaded for gold alone
+        policy=backends.LocalBackendConfig(checkpoint_dir=None),  # never loaded for gold alone
         dataset=dataset,
         modes=("gold",),
         coder=coder_config,  # no judge: gold is not judged
@@ -76,7 +79,7 @@ class GoldAwareCoder:
     """Writes each demo function's true code when given its gold description, else `return 0`."""
 
     def __call__(self, conversations):
-        from pau_jax import demo_tasks
+        from pau_jax.tasks import demo as demo_tasks
 
         out = []
         for c in conversations:
@@ -89,18 +92,18 @@ class GoldAwareCoder:
 
 
 def test_gold_is_reported_beside_the_other_runs(tmp_path, monkeypatch):
-    coder_config = pipeline.ScriptedCoderBackendConfig()
-    build = pipeline._Backends.build
+    coder_config = backends.ScriptedCoderBackendConfig()
+    build = backends.Backends.build
     monkeypatch.setattr(
-        pipeline._Backends,
+        backends.Backends,
         "build",
         lambda self, b: GoldAwareCoder() if b == coder_config else build(self, b),
     )
     result = pipeline.evaluate(
         run_dir=str(tmp_path),
-        policy=pipeline.RandomProberBackendConfig(seed=1),
+        policy=backends.RandomProberBackendConfig(seed=1),
         modes=("in_context", "gold"),
-        judge=pipeline.ScriptedJudgeBackendConfig(),
+        judge=backends.ScriptedJudgeBackendConfig(),
         coder=coder_config,
         bootstrap_resamples=200,
     )
@@ -118,11 +121,11 @@ def test_gold_with_a_tiny_checkpoint_as_coder(data_dir, tmp_path):
     from flax import nnx
 
     from pau_jax.models import qwen3
-    from pau_jax.policy.local import SamplingConfig
+    from pau_jax.policy.config import SamplingConfig
 
     config = checkpoints.tiny_qwen3_config(max_position_embeddings=2048)
     qwen3.save_hf(qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)), config, tmp_path / "ckpt")
-    coder = pipeline.LocalBackendConfig(
+    coder = backends.LocalBackendConfig(
         checkpoint_dir=str(tmp_path / "ckpt"),
         tokenizer="qwen3-offline",
         sampling=SamplingConfig(max_new_tokens=8),
@@ -130,7 +133,7 @@ def test_gold_with_a_tiny_checkpoint_as_coder(data_dir, tmp_path):
     result = pipeline.evaluate(
         run_dir=str(tmp_path / "run"),
         policy=None,
-        dataset=pipeline.DatasetConfig(config="debug", data_dir=str(data_dir), limit=5),
+        dataset=DatasetConfig(config="debug", data_dir=str(data_dir), limit=5),
         modes=("gold",),
         coder=coder,
         bootstrap_resamples=200,

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from pau_jax import demo_tasks
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.evaluation import in_context, metrics, score, tasks
+from pau_jax.evaluation import in_context, metrics, score
 from pau_jax.policy import scripted
 from pau_jax.sandbox import Executor
+from pau_jax.tasks import demo as demo_tasks
 
 
 class Recording:
@@ -63,7 +63,7 @@ def test_resume_skips_recorded_tasks_and_a_torn_line(specs, tmp_path):
 
 
 def test_records_score_like_episodes(specs, executor):
-    _, references = tasks.demo(executor, EpisodeConfig())
+    _, references = demo_tasks.load(executor, EpisodeConfig())
     records = in_context.run_in_context(specs, scripted.OraclePolicy(specs), progress=False)
     scored = score.score_episodes(
         records, references, coder_policy=scripted.ScriptedCoder(), executor=executor

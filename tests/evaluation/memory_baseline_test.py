@@ -6,8 +6,11 @@ import checkpoints
 import numpy as np
 import pytest
 
-from pau_jax.evaluation import memory, pipeline, runner, tasks
-from pau_jax.policy import embeddings, scripted
+from pau_jax.env import runner
+from pau_jax.evaluation import memory, pipeline
+from pau_jax.policy import backends, embeddings, scripted
+from pau_jax.tasks import DatasetConfig
+from pau_jax.tasks import pau_dataset as tasks
 
 LIMIT, TOP_K = 4, 2
 
@@ -51,19 +54,19 @@ def setup(tmp_path_factory):
 
 
 def _evaluate(run_dir, data_dir, embedder, agent, monkeypatch, top_k=TOP_K, **kwargs):
-    agent_config = pipeline.RandomProberBackendConfig(seed=3)
-    build = pipeline._Backends.build
+    agent_config = backends.RandomProberBackendConfig(seed=3)
+    build = backends.Backends.build
     monkeypatch.setattr(
-        pipeline._Backends, "build", lambda self, b: agent if b == agent_config else build(self, b)
+        backends.Backends, "build", lambda self, b: agent if b == agent_config else build(self, b)
     )
     return pipeline.evaluate(
         run_dir=str(run_dir),
         policy=agent_config,
-        dataset=pipeline.DatasetConfig(config="debug", data_dir=str(data_dir), limit=LIMIT),
+        dataset=DatasetConfig(config="debug", data_dir=str(data_dir), limit=LIMIT),
         modes=("interactive", "memory", "gold"),
         memory=memory.MemoryConfig(embedder=embedder, top_k=top_k, max_held_out_shown=3),
-        judge=pipeline.ScriptedJudgeBackendConfig(),
-        coder=pipeline.ScriptedCoderBackendConfig(),
+        judge=backends.ScriptedJudgeBackendConfig(),
+        coder=backends.ScriptedCoderBackendConfig(),
         episode_config=pipeline.EpisodeConfig(call_budget=2),
         bootstrap_resamples=200,
         **kwargs,
@@ -173,9 +176,9 @@ def test_memory_requirements_are_checked_first(setup, tmp_path):
     data_dir, embedder = setup
     common = dict(
         run_dir=str(tmp_path / "run"),
-        policy=pipeline.RandomProberBackendConfig(),
-        judge=pipeline.ScriptedJudgeBackendConfig(),
-        coder=pipeline.ScriptedCoderBackendConfig(),
+        policy=backends.RandomProberBackendConfig(),
+        judge=backends.ScriptedJudgeBackendConfig(),
+        coder=backends.ScriptedCoderBackendConfig(),
     )
     config = memory.MemoryConfig(embedder=embedder)
     with pytest.raises(ValueError, match="starts from the interactive run"):

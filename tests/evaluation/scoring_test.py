@@ -4,6 +4,7 @@ import pytest
 
 from pau_jax.evaluation import code_match, judge
 from pau_jax.sandbox import Executor
+from pau_jax.tasks import TaskReference
 
 TRUE_CODE = """\
 def test_func(arg0):
@@ -97,17 +98,17 @@ def test_judge_batches_and_keeps_unparsed_as_none():
 
 
 def test_score_episodes_batches_judge_and_coder(executor):
-    from pau_jax import demo_tasks
     from pau_jax.evaluation import score
+    from pau_jax.tasks import demo as demo_tasks
 
     tasks = {t.task_id: t for t in demo_tasks.DEMO_TASKS}
     references = {
-        tid: score.Reference(
+        tid: TaskReference(
             code=t.code, header=t.header, description=t.description, held_out=t.held_out
         )
         for tid, t in tasks.items()
     }
-    references["demo/runs"] = score.Reference(
+    references["demo/runs"] = TaskReference(
         code=tasks["demo/runs"].code,
         header="def test_func(arg0):",
         description="",
@@ -156,7 +157,7 @@ def test_score_episodes_batches_judge_and_coder(executor):
 def test_with_observations_shows_examples_first_and_copies_source(executor):
     from pau_jax.evaluation import score
 
-    reference = score.Reference(
+    reference = TaskReference(
         code="def test_func(arg0):\n    return arg0 * 2\n",
         header="def test_func(arg0):",
         description="Doubles.",
@@ -224,10 +225,10 @@ def test_scored_records_and_metrics_report_incomparable_items(executor):
     from pau_jax.evaluation import metrics, score
 
     refs = {
-        "hangs": score.Reference(
+        "hangs": TaskReference(
             code=HANGS_ON_FIVE, header="def test_func(arg0):", description="", held_out=(([5],),)
         ),
-        "fine": score.Reference(
+        "fine": TaskReference(
             code=CORRECT,
             header="def test_func(arg0):",
             description="",

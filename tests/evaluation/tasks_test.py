@@ -4,8 +4,10 @@ import pytest
 
 from pau_jax.data import export
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.evaluation import tasks
 from pau_jax.sandbox import Executor, values
+from pau_jax.tasks import DatasetConfig, load_tasks
+from pau_jax.tasks import demo as demo_tasks
+from pau_jax.tasks import pau_dataset as tasks
 
 
 @pytest.fixture(scope="module")
@@ -82,26 +84,25 @@ def test_missing_split_and_duplicates_are_clear_errors(tmp_path, data_dir):
 
 def test_demo_tasks_have_examples_and_source():
     with Executor(workers=1) as ex:
-        specs, references = tasks.demo(ex, EpisodeConfig())
+        specs, references = demo_tasks.load(ex, EpisodeConfig())
     assert len(specs) == 4 and set(references) == {s.task.task_id for s in specs}
     affine = references["demo/affine"]
     assert affine.examples[0] == "test_func(2, 3) -> 7" and affine.source == "demo"
 
 
 def test_a_dataset_can_be_restricted_to_sources(data_dir):
-    from pau_jax.evaluation import pipeline
     from pau_jax.sandbox import Executor
 
-    dataset = pipeline.DatasetConfig(
+    dataset = DatasetConfig(
         config="debug", data_dir=str(data_dir), sources=("humaneval", "mbpp"), limit=4
     )
     with Executor(workers=1) as ex:
-        specs, references = pipeline._load_tasks(dataset, ex, EpisodeConfig())
+        specs, references = load_tasks(dataset, ex, EpisodeConfig())
         assert len(specs) == 4
         assert {references[s.task.task_id].source for s in specs} <= {"humaneval", "mbpp"}
         with pytest.raises(ValueError, match=r"sources \['nope'\] are not in pau/debug"):
-            pipeline._load_tasks(
-                pipeline.DatasetConfig(config="debug", data_dir=str(data_dir), sources=("nope",)),
+            load_tasks(
+                DatasetConfig(config="debug", data_dir=str(data_dir), sources=("nope",)),
                 ex,
                 EpisodeConfig(),
             )

@@ -17,7 +17,8 @@ import transformers
 
 from pau_jax import models
 from pau_jax.models import llama, lora, weights
-from pau_jax.policy.local import LocalPolicy, SamplingConfig
+from pau_jax.policy.config import SamplingConfig
+from pau_jax.policy.local import LocalPolicy
 from pau_jax.sampling import generate
 from pau_jax.tokenizer import load_tokenizer
 from pau_jax.tools import fetch_smollm2, memory

@@ -17,6 +17,7 @@ import rl_testlib as lib  # noqa: E402
 
 from pau_jax import parallel  # noqa: E402
 from pau_jax.rl import grpo, learner  # noqa: E402
+from pau_jax.training import logprobs as logprobs_lib
 
 # Every sharded dimension of lib.CONFIG divides 8: D 32, N*H 32, K*H 16, F 64, V 96.
 CONFIG = lib.CONFIG
@@ -36,7 +37,7 @@ def batch_arrays() -> dict[str, np.ndarray]:
     halves = [lib.batch_arrays(seed=s) for s in (4, 5)]
     arrays = {k: np.concatenate([h[k] for h in halves]) for k in halves[0]}
     logp, _ = jax.jit(
-        lambda m, ids, mask: grpo.token_logprobs(m, ids, mask, temperature=0.9),
+        lambda m, ids, mask: logprobs_lib.token_logprobs(m, ids, mask, temperature=0.9),
     )(lib.tiny_model(), arrays["input_ids"], arrays["attention_mask"])
     noise = np.random.default_rng(9).uniform(-0.3, 0.3, logp.shape)
     arrays["sampler_logprobs"] = (np.asarray(logp) + noise).astype(np.float32)
@@ -50,7 +51,7 @@ def lora_leaves(state) -> list[np.ndarray]:
 def train_unsharded(arrays: dict[str, np.ndarray], steps: int) -> tuple[list[float], list]:
     """Losses and final LoRA arrays of ``steps`` updates on one device, no mesh."""
     model = lib.tiny_model()
-    step = learner.TrainStep(model, LEARNER)
+    step = learner.make_train_step(model, LEARNER)
     state = learner.init_state(model, LEARNER)
     batch = learner.Batch(**{k: jnp.asarray(v) for k, v in arrays.items()})
     losses = []
@@ -67,7 +68,9 @@ def train_on_mesh(mesh, local_arrays: dict[str, np.ndarray], steps: int):
     """
     model = parallel.shard_model(lib.tiny_model(), mesh)
     state = parallel.shard_state(learner.init_state(model, LEARNER), mesh)
-    step = learner.TrainStep(model, LEARNER, **parallel.train_step_shardings(model, state, mesh))
+    step = learner.make_train_step(
+        model, LEARNER, **parallel.train_step_shardings(model, state, mesh)
+    )
     batch = parallel.shard_batch(learner.Batch(**local_arrays), mesh)
     losses = []
     for _ in range(steps):

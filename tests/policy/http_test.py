@@ -11,8 +11,9 @@ import urllib.request
 import checkpoints
 import pytest
 
+from pau_jax.policy.config import SamplingConfig
 from pau_jax.policy.http import HTTPConfig, HTTPPolicy
-from pau_jax.policy.local import LocalPolicy, SamplingConfig
+from pau_jax.policy.local import LocalPolicy
 from pau_jax.policy.server import PolicyServer
 
 CONVERSATIONS = [

@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 from pau_jax.models import qwen3
-from pau_jax.policy.local import LocalPolicy, SamplingConfig
+from pau_jax.policy.config import SamplingConfig
+from pau_jax.policy.local import LocalPolicy
 from pau_jax.sampling import generate, sampler
 
 CONVERSATIONS = [

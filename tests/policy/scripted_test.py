@@ -2,12 +2,13 @@
 
 import pytest
 
-from pau_jax import demo_tasks
-from pau_jax.env import episode
+from pau_jax.env import episode, runner
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.evaluation import code_match, in_context, runner, score, tasks
+from pau_jax.evaluation import code_match, in_context, score
 from pau_jax.policy import scripted
 from pau_jax.sandbox import Executor
+from pau_jax.tasks import demo as demo_tasks
+from pau_jax.tasks import pau_dataset as tasks
 
 CONFIG = EpisodeConfig(call_budget=5)
 

@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 
 from pau_jax.env.episode import EpisodeConfig
+from pau_jax.policy.config import SamplingConfig
 from pau_jax.rl import loop
 from pau_jax.rl.critic import CriticConfig
 from pau_jax.rl.learner import LearnerConfig
 from pau_jax.rl.rewards import RewardConfig
 from pau_jax.rl.rollout import RolloutConfig
+from pau_jax.tasks import DatasetConfig
+from pau_jax.training.run import ActorConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
@@ -40,16 +43,18 @@ def test_three_aac_steps_train_the_adapters_and_peft_reads_them(checkpoint, data
     run_dir = tmp_path / "aac"
     summary = loop.train(
         run_dir=str(run_dir),
-        checkpoint=str(checkpoint),
+        actor=ActorConfig(checkpoint=str(checkpoint), lora_rank=4, lora_alpha=8.0),
         seed=0,
-        lora_rank=4,
-        lora_alpha=8.0,
         episode_config=EpisodeConfig(call_budget=1, max_steps=3),
         # Replies are capped at 32 tokens, so the length thresholds are scaled down with them
         # (the paper's 100/30 words are never reached and every reward would tie).
         reward_config=RewardConfig(max_steps=3, reasoning_tau=8, input_tau=4, reflection_tau=8),
-        rollout_config=RolloutConfig(tasks_per_batch=2, group_size=2, max_new_tokens=32),
-        critic_config=CriticConfig(max_new_tokens=48),
+        rollout_config=RolloutConfig(
+            tasks_per_batch=2,
+            group_size=2,
+            sampling=SamplingConfig(max_new_tokens=32, temperature=1.0),
+        ),
+        critic_config=CriticConfig(sampling=SamplingConfig(max_new_tokens=48)),
         # Two rows per micro-batch: the attention of a ~700-token row over 30 layers is large.
         learner_config=LearnerConfig(
             learning_rate=1e-3, logits_chunk_tokens=512, micro_batch_size=2
@@ -58,8 +63,7 @@ def test_three_aac_steps_train_the_adapters_and_peft_reads_them(checkpoint, data
         checkpoint_every=STEPS,
         pad_to_multiple=64,
         rows_multiple=4,
-        dataset_config="debug",
-        data_dir=str(data_dir),
+        dataset=DatasetConfig(config="debug", split="train", data_dir=str(data_dir)),
         sandbox_workers=2,
     )
     assert summary["steps"] == STEPS and summary["mode"] == "grpo"

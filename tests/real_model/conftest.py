@@ -16,6 +16,6 @@ def checkpoint():
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     """A TFDS data_dir holding `pau/debug`, built from the builder's dummy data."""
-    from pau_jax.evaluation import tasks
+    from pau_jax.tasks import pau_dataset as tasks
 
     return tasks.ensure_built(tmp_path_factory.mktemp("tfds"), config="debug")

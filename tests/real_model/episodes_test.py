@@ -11,8 +11,10 @@ import json
 import pytest
 
 from pau_jax.evaluation import pipeline
+from pau_jax.policy import backends
+from pau_jax.policy.config import SamplingConfig
 from pau_jax.policy.http import HTTPConfig
-from pau_jax.policy.local import SamplingConfig
+from pau_jax.tasks import DatasetConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
@@ -32,7 +34,7 @@ def _evaluate(run_dir, policy, data_dir):
         policy=policy,
         judge="self",
         coder="self",
-        dataset=pipeline.DatasetConfig(config="debug", data_dir=str(data_dir), limit=TASKS),
+        dataset=DatasetConfig(config="debug", data_dir=str(data_dir), limit=TASKS),
         episode_config=pipeline.EpisodeConfig(call_budget=BUDGET),
         bootstrap_resamples=200,
         sandbox_workers=2,
@@ -53,14 +55,14 @@ def test_local_and_served_smollm2_play_the_same_greedy_episodes(checkpoint, data
     from pau_jax.tokenizer import load_tokenizer
 
     sampling = SamplingConfig(max_new_tokens=NEW_TOKENS)
-    local = pipeline.LocalBackendConfig(checkpoint_dir=str(checkpoint), sampling=sampling)
+    local = backends.LocalBackendConfig(checkpoint_dir=str(checkpoint), sampling=sampling)
     result = _evaluate(tmp_path / "local", local, data_dir)
 
     model, _ = models.load_hf(checkpoint)
     policy = LocalPolicy(model, load_tokenizer(checkpoint), sampling)
     with PolicyServer(policy, model_name="smollm2") as server:
         http = HTTPConfig(base_url=server.base_url, model="smollm2", max_tokens=NEW_TOKENS)
-        served = _evaluate(tmp_path / "served", pipeline.HTTPBackendConfig(http=http), data_dir)
+        served = _evaluate(tmp_path / "served", backends.HTTPBackendConfig(http=http), data_dir)
     assert served["backend_failures"] == {"policy": 0, "judge": 0, "coder": 0}
 
     # Greedy decoding: the same replies, step by step, whichever way the model is reached.

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from pau_jax import demo_tasks
 from pau_jax.sft import teacher
+from pau_jax.tasks import demo as demo_tasks
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-ORACLE = "--gin.pau_jax.experiment.train.teacher=@pau_jax.evaluation.pipeline.OracleBackendConfig()"
+ORACLE = "--gin.pau_jax.experiment.distill.teacher=@pau_jax.policy.backends.OracleBackendConfig()"
 
 
 def _records(run_dir):
@@ -38,9 +38,10 @@ def test_sft_overlays_parse(overlay, tmp_path):
     proc = launching.launch(*(f"--gin_file={f}" for f in files), "--dry_run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
-    assert "train.sft_config = @pau_jax.sft.trainer.SFTConfig()" in out
+    assert "distill.sft_config = @pau_jax.sft.trainer.SFTConfig()" in out
+    assert "run_mode = 'distill'" in out
     assert "SFTConfig.batch_size = 4" in out  # local_tiny.gin, parsed last, wins
-    assert f"train.teacher_privileged = {overlay == 'codearc_sft'}" in out
+    assert f"distill.privileged = {overlay == 'codearc_sft'}" in out
     # Without the tiny overlay: the paper-scale settings of the ablation itself.
     proc = launching.launch("--gin_file=aac.gin", f"--gin_file=ablations/{overlay}.gin", "--dry_run",
                    cwd=tmp_path)  # fmt: skip
@@ -81,7 +82,7 @@ def test_codearc_sft_teacher_knows_the_answer_and_records_do_not(tmp_path):
         "--gin_file=aac.gin",
         "--gin_file=ablations/codearc_sft.gin",
         "--gin_file=debug/local_tiny.gin",
-        "--gin.pau_jax.experiment.train.teacher_show_code=True",
+        "--gin.pau_jax.experiment.distill.show_code=True",
         "--gin.TEACHER='self'",
         f"--run_dir={run_dir}",
         cwd=tmp_path,
@@ -112,5 +113,5 @@ def test_an_sft_ablation_without_a_teacher_refuses_to_start(overlay, tmp_path):
         cwd=tmp_path,
     )
     assert proc.returncode != 0
-    assert "need a teacher" in proc.stderr and "TEACHER" in proc.stderr
+    assert "needs a teacher" in proc.stderr and "TEACHER" in proc.stderr
     assert not (run_dir / "teacher_episodes.jsonl").exists()

@@ -12,7 +12,8 @@ from flax import nnx
 from pau_jax.env import episode, prompts
 from pau_jax.env.episode import EpisodeConfig, Phase
 from pau_jax.rl import critic
-from pau_jax.rl.critic import CriticConfig, Reference
+from pau_jax.rl.critic import CriticConfig
+from pau_jax.tasks import TaskReference
 
 CONFIG = EpisodeConfig(call_budget=5)
 TASK = episode.Task(
@@ -22,7 +23,7 @@ TASK = episode.Task(
     examples=(prompts.Observation(call="test_func(2, 3)", result="7"),),
 )
 REFERENCES = {
-    "t/affine": Reference(
+    "t/affine": TaskReference(
         description="Returns the product of the two arguments plus one.",
         code="def test_func(arg0, arg1):\n    return arg0 * arg1 + 1\n",
     )
@@ -177,7 +178,8 @@ def test_critic_model_shares_the_base_arrays_and_ignores_the_adapters():
 
 def test_local_critic_over_the_shared_base_scores_greedily():
     from pau_jax.models import lora, qwen3
-    from pau_jax.policy.local import LocalPolicy, SamplingConfig
+    from pau_jax.policy.config import SamplingConfig
+    from pau_jax.policy.local import LocalPolicy
     from pau_jax.tokenizer import load_tokenizer
 
     config = checkpoints.tiny_qwen3_config(max_position_embeddings=4096)

@@ -11,6 +11,7 @@ from flax import nnx
 
 from pau_jax.rl import grpo
 from pau_jax.rl.grpo import GRPOConfig
+from pau_jax.training import logprobs as logprobs_lib
 
 MODES = grpo.AGGREGATIONS
 
@@ -36,7 +37,7 @@ def np_logp(logits, targets, temperature):
 
 
 def jax_objective(logits, targets, old, ref, adv, mask, config):
-    logp, _ = grpo.logprobs_from_logits(logits, targets, config.temperature)
+    logp, _ = logprobs_lib.logprobs_from_logits(logits, targets, config.temperature)
     loss_sum, denominator, _ = grpo.policy_loss(logp, old, adv, mask, config, ref_logp=ref)
     return loss_sum / denominator
 
@@ -178,7 +179,9 @@ def test_chunked_logprobs_and_gradient_match_full_logits():
     def chunked(lora_state):
         m = nnx.merge(graphdef, lora_state, base)
         # 36 positions in five chunks of 8, the last padded by 4.
-        logp, entropy = grpo.token_logprobs(m, ids, mask, temperature=temperature, chunk_tokens=8)
+        logp, entropy = logprobs_lib.token_logprobs(
+            m, ids, mask, temperature=temperature, chunk_tokens=8
+        )
         return jnp.sum(logp * weights), (logp, entropy)
 
     def full(lora_state):

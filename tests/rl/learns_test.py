@@ -53,7 +53,7 @@ def run_grpo(
     config = learner.LearnerConfig(
         learning_rate=learning_rate, grpo=GRPOConfig(beta=0.0, temperature=1.0)
     )
-    train_step = learner.TrainStep(model, config)
+    train_step = learner.make_train_step(model, config)
     state = learner.init_state(model, config)
     rng = np.random.default_rng(0)
     prompt_ids = [rng.integers(1, lib.CONFIG.vocab_size, 6).tolist() for _ in range(prompts)]

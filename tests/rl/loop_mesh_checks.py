@@ -21,12 +21,14 @@ from flax import nnx  # noqa: E402
 from pau_jax import parallel  # noqa: E402
 from pau_jax.env.episode import EpisodeConfig  # noqa: E402
 from pau_jax.models import qwen3  # noqa: E402
+from pau_jax.policy.config import SamplingConfig  # noqa: E402
 from pau_jax.rl import loop  # noqa: E402
 from pau_jax.rl.critic import CriticConfig  # noqa: E402
 from pau_jax.rl.learner import LearnerConfig  # noqa: E402
 from pau_jax.rl.rewards import RewardConfig  # noqa: E402
 from pau_jax.rl.rollout import RolloutConfig  # noqa: E402
 from pau_jax.tokenizer import save_offline_tokenizer  # noqa: E402
+from pau_jax.training.run import ActorConfig  # noqa: E402
 
 # Every sharded dimension divides 2: D 32, N*H 32, K*H 32, F 64, V 151936.
 CONFIG = qwen3.Qwen3Config(
@@ -44,12 +46,12 @@ CONFIG = qwen3.Qwen3Config(
 )
 TINY = dict(
     seed=3,
-    lora_rank=2,
-    lora_alpha=2.0,
     episode_config=EpisodeConfig(call_budget=2, max_steps=3),
     reward_config=RewardConfig(max_steps=3, reasoning_tau=2, input_tau=2, reflection_tau=2),
-    rollout_config=RolloutConfig(tasks_per_batch=2, group_size=2, max_new_tokens=8),
-    critic_config=CriticConfig(max_new_tokens=4),
+    rollout_config=RolloutConfig(
+        tasks_per_batch=2, group_size=2, sampling=SamplingConfig(max_new_tokens=8, temperature=1.0)
+    ),
+    critic_config=CriticConfig(sampling=SamplingConfig(max_new_tokens=4)),
     learner_config=LearnerConfig(learning_rate=1e-2, logits_chunk_tokens=256),
     steps=1,
     pad_to_multiple=64,
@@ -66,7 +68,10 @@ def write_checkpoint(path: pathlib.Path) -> None:
 
 def run(run_dir: pathlib.Path, checkpoint: pathlib.Path, mesh_config) -> dict:
     summary = loop.train(
-        run_dir=str(run_dir), checkpoint=str(checkpoint), mesh_config=mesh_config, **TINY
+        run_dir=str(run_dir),
+        actor=ActorConfig(checkpoint=str(checkpoint), lora_rank=2, lora_alpha=2.0),
+        mesh_config=mesh_config,
+        **TINY,
     )
     adapter = safetensors.numpy.load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
     return {"metrics": summary["last_metrics"], "adapter": adapter}

@@ -10,23 +10,30 @@ import pytest
 import safetensors.numpy
 
 from pau_jax.env.episode import EpisodeConfig
+from pau_jax.policy.config import SamplingConfig
 from pau_jax.rl import loop
 from pau_jax.rl.critic import CriticConfig
+from pau_jax.rl.grpo import GRPOConfig
 from pau_jax.rl.learner import LearnerConfig
 from pau_jax.rl.rewards import RewardConfig
 from pau_jax.rl.rollout import RolloutConfig
+from pau_jax.training.run import ActorConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 TINY = dict(
-    model_config=checkpoints.tiny_qwen3_config(max_position_embeddings=4096),
+    actor=ActorConfig(
+        model_config=checkpoints.tiny_qwen3_config(max_position_embeddings=4096),
+        lora_rank=2,
+        lora_alpha=2.0,
+    ),
     seed=3,
-    lora_rank=2,
-    lora_alpha=2.0,
     episode_config=EpisodeConfig(call_budget=2, max_steps=3),
     reward_config=RewardConfig(max_steps=3, reasoning_tau=2, input_tau=2, reflection_tau=2),
-    rollout_config=RolloutConfig(tasks_per_batch=1, group_size=2, max_new_tokens=8),
-    critic_config=CriticConfig(max_new_tokens=4),
+    rollout_config=RolloutConfig(
+        tasks_per_batch=1, group_size=2, sampling=SamplingConfig(max_new_tokens=8, temperature=1.0)
+    ),
+    critic_config=CriticConfig(sampling=SamplingConfig(max_new_tokens=4)),
     learner_config=LearnerConfig(learning_rate=1e-2, logits_chunk_tokens=256),
     checkpoint_every=1,
     pad_to_multiple=64,
@@ -67,7 +74,7 @@ def test_a_sampling_critic_gets_a_fresh_seed_every_step(tmp_path, monkeypatch):
         return collect(*args, critic=critic, **kwargs)
 
     monkeypatch.setattr(loop.rollout_lib, "collect", spy)
-    critic = CriticConfig(max_new_tokens=4, temperature=1.0)
+    critic = CriticConfig(sampling=SamplingConfig(max_new_tokens=4, temperature=1.0))
     loop.train(run_dir=str(tmp_path), steps=2, **dict(TINY, critic_config=critic))
     assert seen == [loop.critic_seed(TINY["seed"], 0), loop.critic_seed(TINY["seed"], 1)]
 
@@ -180,8 +187,20 @@ def test_each_ablation_runs_one_tiny_step(overlay, tmp_path):
         assert "privileged = 'none'" in operative
 
 
-def test_learner_temperature_must_match_the_rollout(tmp_path):
-    with pytest.raises(ValueError, match="RolloutConfig.temperature=0.7"):
+def test_temperature_and_t_max_are_one_setting_each(tmp_path):
+    # The learner's temperature comes from the rollout, the rewards' T_max from the protocol:
+    # a different explicit value is refused instead of silently training off-policy.
+    learner_config = LearnerConfig(grpo=GRPOConfig(temperature=0.5))
+    with pytest.raises(ValueError, match="GRPOConfig.temperature=0.5 differs from the run's 0.7"):
         loop.train(
-            run_dir=str(tmp_path), **dict(TINY, rollout_config=RolloutConfig(temperature=0.7))
+            run_dir=str(tmp_path),
+            **dict(
+                TINY,
+                rollout_config=RolloutConfig(sampling=SamplingConfig(temperature=0.7)),
+                learner_config=learner_config,
+            ),
         )
+    with pytest.raises(ValueError, match="RewardConfig.max_steps=5 differs from the run's 3"):
+        loop.train(run_dir=str(tmp_path), **dict(TINY, reward_config=RewardConfig(max_steps=5)))
+    assert loop._from_run("x", GRPOConfig(), "temperature", 0.7) == 0.7
+    assert loop._from_run("x", RewardConfig(), "max_steps", 3) == 3

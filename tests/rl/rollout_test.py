@@ -3,20 +3,21 @@
 import numpy as np
 import pytest
 
-from pau_jax import demo_tasks
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy.local import Completion
 from pau_jax.rl import credit, rollout
-from pau_jax.rl.critic import CriticConfig, Reference
+from pau_jax.rl.critic import CriticConfig
 from pau_jax.rl.rewards import RewardConfig
 from pau_jax.rl.rollout import RolloutConfig
 from pau_jax.sandbox import Executor
+from pau_jax.tasks import TaskReference
+from pau_jax.tasks import demo as demo_tasks
 
 EPISODE = EpisodeConfig(call_budget=2, max_steps=6)
 REWARDS = RewardConfig(max_steps=6)
 CONFIG = RolloutConfig(tasks_per_batch=2, group_size=4)
 REFERENCES = {
-    t.task_id: Reference(description=t.description, code=t.code) for t in demo_tasks.DEMO_TASKS
+    t.task_id: TaskReference(description=t.description, code=t.code) for t in demo_tasks.DEMO_TASKS
 }
 
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import rl_testlib as lib
 
-from pau_jax.rl import grpo
 from pau_jax.rl.samples import Sample, make_batch
 from pau_jax.sampling import generate
+from pau_jax.training import logprobs as logprobs_lib
 
 
 def _two_samples():
@@ -69,7 +69,7 @@ def test_sampler_logprobs_line_up_with_the_learner_log_probs():
         for row in range(len(out.tokens))
     ]
     batch = make_batch(samples, rows_multiple=4)
-    logp, _ = grpo.token_logprobs(model, batch.input_ids, batch.attention_mask)
+    logp, _ = logprobs_lib.token_logprobs(model, batch.input_ids, batch.attention_mask)
     mask = np.asarray(batch.loss_mask) > 0
     assert mask.sum() == sum(len(t) for t in out.tokens)
     np.testing.assert_allclose(

@@ -7,9 +7,13 @@ import checkpoints
 import numpy as np
 import pytest
 
-from pau_jax.evaluation import in_context, pipeline, runner, tasks
+from pau_jax.env import runner
+from pau_jax.evaluation import in_context, pipeline
+from pau_jax.policy import backends
 from pau_jax.sft import finetune
 from pau_jax.sft.trainer import SFTConfig
+from pau_jax.tasks import DatasetConfig
+from pau_jax.tasks import pau_dataset as tasks
 
 SMALL = finetune.FineTuneConfig(
     sft=SFTConfig(
@@ -81,14 +85,14 @@ def test_train_adapter_keeps_the_best_epoch_and_resumes_where_it_stopped(
     checkpoint, tmp_path, monkeypatch
 ):
     from pau_jax.models import lora, qwen3
-    from pau_jax.sft import trainer
+    from pau_jax.training import step as step_lib
 
     kwargs = dict(
         checkpoint_dir=checkpoint, pairs=_pairs(), tokenizer="qwen3-offline", config=SMALL
     )
     # A run killed during its second epoch (after 1 epoch of 2 steps), then run again.
     calls = {"n": 0}
-    step_call = trainer.SFTStep.__call__
+    step_call = step_lib.TrainStep.__call__
 
     def counting(self, state, batch):
         calls["n"] += 1
@@ -96,7 +100,7 @@ def test_train_adapter_keeps_the_best_epoch_and_resumes_where_it_stopped(
             raise _Killed
         return step_call(self, state, batch)
 
-    monkeypatch.setattr(trainer.SFTStep, "__call__", counting)
+    monkeypatch.setattr(step_lib.TrainStep, "__call__", counting)
     calls["kill"] = True
     with pytest.raises(_Killed):
         finetune.train_adapter(out_dir=str(tmp_path / "killed"), **kwargs)
@@ -133,11 +137,11 @@ def test_train_adapter_keeps_the_best_epoch_and_resumes_where_it_stopped(
 
 
 def test_ft_mode_on_the_debug_split(checkpoint, tmp_path, capsys):
-    from pau_jax.policy.local import SamplingConfig
+    from pau_jax.policy.config import SamplingConfig
 
     data_dir = tasks.ensure_built(tmp_path / "tfds")
     fine_tune = functools.partial(finetune.train_adapter, config=SMALL)
-    agent = pipeline.LocalBackendConfig(
+    agent = backends.LocalBackendConfig(
         checkpoint_dir=checkpoint,
         tokenizer="qwen3-offline",
         sampling=SamplingConfig(max_new_tokens=4),
@@ -145,11 +149,11 @@ def test_ft_mode_on_the_debug_split(checkpoint, tmp_path, capsys):
     result = pipeline.evaluate(
         run_dir=str(tmp_path / "run"),
         policy=agent,
-        dataset=pipeline.DatasetConfig(config="debug", data_dir=str(data_dir), limit=3),
+        dataset=DatasetConfig(config="debug", data_dir=str(data_dir), limit=3),
         modes=("in_context", "ft"),
         fine_tune_fn=fine_tune,
-        judge=pipeline.ScriptedJudgeBackendConfig(),
-        coder=pipeline.ScriptedCoderBackendConfig(),
+        judge=backends.ScriptedJudgeBackendConfig(),
+        coder=backends.ScriptedCoderBackendConfig(),
         bootstrap_resamples=200,
     )
     out = capsys.readouterr().out
@@ -172,16 +176,16 @@ def test_ft_mode_on_the_debug_split(checkpoint, tmp_path, capsys):
 def test_ft_requirements_are_checked_first(tmp_path):
     common = dict(
         run_dir=str(tmp_path / "run"),
-        judge=pipeline.ScriptedJudgeBackendConfig(),
-        coder=pipeline.ScriptedCoderBackendConfig(),
+        judge=backends.ScriptedJudgeBackendConfig(),
+        coder=backends.ScriptedCoderBackendConfig(),
         modes=("ft",),
     )
-    local = pipeline.LocalBackendConfig(checkpoint_dir="/ckpt")
+    local = backends.LocalBackendConfig(checkpoint_dir="/ckpt")
     with pytest.raises(ValueError, match="needs fine_tune_fn"):
         pipeline.evaluate(policy=local, **common)
     with pytest.raises(ValueError, match="must be a LocalBackendConfig without adapter_dir"):
         pipeline.evaluate(
-            policy=pipeline.LocalBackendConfig(checkpoint_dir="/ckpt", adapter_dir="/a"),
+            policy=backends.LocalBackendConfig(checkpoint_dir="/ckpt", adapter_dir="/a"),
             fine_tune_fn=finetune.train_adapter,
             **common,
         )

@@ -1,15 +1,17 @@
 """PrivilegedTeacher: the wrapped policy sees the gold answer, the recorded prompts do not."""
 
+import dataclasses
+
 import pytest
 
-from pau_jax import demo_tasks
-from pau_jax.env import episode
+from pau_jax.env import episode, runner
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.evaluation import runner
 from pau_jax.policy.scripted import RandomProber
 from pau_jax.sandbox import Executor
 from pau_jax.sft import teacher, trainer
-from pau_jax.sft.teacher import PrivilegedTeacher, Reference
+from pau_jax.sft.teacher import PrivilegedTeacher
+from pau_jax.tasks import TaskReference
+from pau_jax.tasks import demo as demo_tasks
 from pau_jax.tokenizer import load_tokenizer
 
 
@@ -34,22 +36,16 @@ def specs():
 
 def _references(specs):
     by_id = {t.task_id: t for t in demo_tasks.DEMO_TASKS}
-    return [
-        Reference(
-            header=s.task.header,
-            examples=s.task.examples,
-            description=by_id[s.task.task_id].description,
-            code=s.code,
-        )
-        for s in specs
-    ]
+    return {
+        s.task.task_id: TaskReference(description=by_id[s.task.task_id].description) for s in specs
+    }
 
 
 def test_teacher_prompts_carry_the_description_and_records_do_not(specs):
     specs, executor = specs
     descriptions = {t.task_id: t.description for t in demo_tasks.DEMO_TASKS}
     recorder = Recorder()
-    policy = PrivilegedTeacher(recorder, _references(specs))
+    policy = PrivilegedTeacher(recorder, specs, _references(specs))
     config = EpisodeConfig(call_budget=2)
     records = runner.run_episodes(specs, policy, executor, config, progress=False)
     assert len(records) == 4
@@ -78,7 +74,7 @@ def test_teacher_prompts_carry_the_description_and_records_do_not(specs):
 def test_code_is_added_on_request_and_the_input_is_not_modified(specs):
     specs, _ = specs
     refs = _references(specs)
-    policy = PrivilegedTeacher(lambda convs: ["ok"] * len(convs), refs, show_code=True)
+    policy = PrivilegedTeacher(lambda convs: ["ok"] * len(convs), specs, refs, show_code=True)
     spec = next(s for s in specs if s.task.task_id == "demo/runs")
     conversation = episode.messages(episode.start(spec.task, EpisodeConfig()), EpisodeConfig())
     original = [dict(m) for m in conversation]
@@ -91,20 +87,25 @@ def test_code_is_added_on_request_and_the_input_is_not_modified(specs):
 def test_unknown_tasks_and_conflicting_references_fail_clearly(specs):
     specs, _ = specs
     refs = _references(specs)
-    policy = PrivilegedTeacher(lambda convs: ["ok"] * len(convs), refs[:1])
+    policy = PrivilegedTeacher(lambda convs: ["ok"] * len(convs), specs[:1], refs)
     with pytest.raises(ValueError, match="no reference matches"):
         policy([[{"role": "user", "content": "def test_func(x): ..."}]])
-    clash = Reference(header=refs[0].header, examples=refs[0].examples, description="other")
+    twin = dataclasses.replace(
+        specs[0], task=dataclasses.replace(specs[0].task, task_id="twin"), episode_id="twin"
+    )
+    clash = {**refs, "twin": TaskReference(description="other")}
     with pytest.raises(ValueError, match="differ in their answer"):
-        PrivilegedTeacher(lambda c: c, [refs[0], clash])
-    with pytest.raises(ValueError, match="at least one Reference"):
-        PrivilegedTeacher(lambda c: c, [])
+        PrivilegedTeacher(lambda c: c, [specs[0], twin], clash)
+    with pytest.raises(ValueError, match="has no reference"):
+        PrivilegedTeacher(lambda c: c, [twin], refs)
+    with pytest.raises(ValueError, match="at least one task"):
+        PrivilegedTeacher(lambda c: c, [], refs)
 
 
 def test_sft_pairs_from_teacher_records_hold_the_unprivileged_prompt(specs):
     specs, executor = specs
     tokenizer = load_tokenizer("qwen3-offline")
-    policy = PrivilegedTeacher(Recorder(), _references(specs))
+    policy = PrivilegedTeacher(Recorder(), specs, _references(specs))
     records = runner.run_episodes(
         specs[:2], policy, executor, EpisodeConfig(call_budget=1), progress=False
     )

@@ -10,9 +10,10 @@ from flax import nnx
 
 from pau_jax.metrics_writer import MetricsWriter
 from pau_jax.models import lora, qwen3
-from pau_jax.rl import grpo, learner
 from pau_jax.sft import trainer
-from pau_jax.sft.trainer import SFTConfig, SFTExample, SFTStep
+from pau_jax.sft.trainer import SFTConfig, SFTExample, make_sft_step
+from pau_jax.training import logprobs as logprobs_lib
+from pau_jax.training import step as step_lib
 
 SMALL = qwen3.Qwen3Config(
     vocab_size=80,
@@ -92,7 +93,7 @@ def test_nll_matches_numpy_and_micro_batches_match_the_full_batch():
     model = _model()
     batch = trainer.make_sft_batch(_examples(), pad_to_multiple=8, rows_multiple=8)
     expected = _numpy_nll(model, batch)
-    logp, _ = grpo.token_logprobs(model, batch.input_ids, batch.attention_mask)
+    logp, _ = logprobs_lib.token_logprobs(model, batch.input_ids, batch.attention_mask)
     loss_sum, denominator = trainer.nll_loss(logp, batch.loss_mask)
     assert float(denominator) == float(np.asarray(batch.loss_mask).sum())
     assert float(loss_sum / denominator) == pytest.approx(expected, rel=1e-5)
@@ -104,8 +105,8 @@ def test_nll_matches_numpy_and_micro_batches_match_the_full_batch():
     for micro in (None, 2):
         config = SFTConfig(learning_rate=1e-2, batch_size=8, micro_batch_size=micro)
         m = _model()
-        state = learner.init_state(m, config.learner_config())
-        state, metrics = SFTStep(m, config)(state, batch)
+        state = step_lib.init_state(m, config.optimizer())
+        state, metrics = make_sft_step(m, config)(state, batch)
         results[micro] = (
             jax.device_get(metrics),
             [np.asarray(x) for x in jax.tree.leaves(state.lora)],
@@ -126,13 +127,13 @@ def test_sft_lowers_the_nll_of_its_examples_and_leaves_the_base_bit_identical():
     config = SFTConfig(learning_rate=2e-2, batch_size=4, micro_batch_size=2)
     before_base = _base(model)
     before_lora = [np.array(x) for x in jax.tree.leaves(nnx.state(model, nnx.LoRAParam))]
-    step = SFTStep(model, config)
-    state = learner.init_state(model, config.learner_config())
+    step = make_sft_step(model, config)
+    state = step_lib.init_state(model, config.optimizer())
     losses = []
     for _ in range(15):
         state, metrics = step(state, batch)
         losses.append(float(metrics["sft/loss"]))
-    learner.sync_model(model, state)
+    step_lib.sync_model(model, state)
     after = _numpy_nll(model, batch)
     print(f"\nNLL {losses[0]:.3f} -> {after:.3f} after 15 steps")
     # The stock head (std 0.02) keeps every logit close, so the reachable drop is modest.
@@ -222,11 +223,11 @@ def test_train_sft_on_records_lowers_their_nll_and_logs(tokenizer, tmp_path):
         learning_rate=3e-2, epochs=8, batch_size=2, max_length=512, pad_to_multiple=16,
         logits_chunk_tokens=128, skip_unparsed=False,
     )  # fmt: skip
-    graphdef, lora_state, base = learner.split_model(model)
+    graphdef, lora_state, base = step_lib.split_model(model)
 
     @jax.jit
     def score(adapters):
-        logp, _ = grpo.token_logprobs(
+        logp, _ = logprobs_lib.token_logprobs(
             nnx.merge(graphdef, adapters, base),
             batch.input_ids,
             batch.attention_mask,
@@ -239,7 +240,7 @@ def test_train_sft_on_records_lowers_their_nll_and_logs(tokenizer, tmp_path):
     base_before = _base(model)
     with MetricsWriter(tmp_path, tensorboard=False) as writer:
         state, history = trainer.train_sft(model, tokenizer, RECORDS, config, writer=writer)
-    _, lora_after, _ = learner.split_model(model)
+    _, lora_after, _ = step_lib.split_model(model)
     after = float(score(lora_after))
     print(f"\nrecord NLL {before:.3f} -> {after:.3f} over {len(history)} steps")
     assert after < before - 2.0

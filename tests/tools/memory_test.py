@@ -97,7 +97,7 @@ def test_estimate_matches_allocated_arrays_within_20_percent():
     estimated = est.params + est.lora + est.optimizer + est.kv_cache
     assert abs(estimated - allocated) <= 0.2 * allocated, (estimated, allocated)
     # Activations: compare with XLA's temporary buffers of the compiled train step.
-    step = learner.TrainStep(model, config)
+    step = learner.make_train_step(model, config)
     batch = learner.Batch(
         input_ids=np.ones((rows, seq_len), np.int32),
         attention_mask=np.ones((rows, seq_len), np.int32),
@@ -105,7 +105,7 @@ def test_estimate_matches_allocated_arrays_within_20_percent():
         advantages=np.ones((rows,), np.float32),
         sampler_logprobs=np.zeros((rows, seq_len), np.float32),
     )
-    analysis = step.jitted.lower(step.base, state, batch).compile().memory_analysis()
+    analysis = step.lower(state, batch).compile().memory_analysis()
     if analysis is not None:
         temp = analysis.temp_size_in_bytes
         assert 0.5 * temp <= est.activations <= 2.0 * temp, (est.activations, temp)

@@ -1,0 +1,92 @@
+"""Where episodes come from: task sources, one reference type, one loader for every run mode.
+
+A task source is a small frozen config; ``load_tasks`` turns it into episode
+specs (what the agent sees and the code that answers its calls) and references
+(what the critic, a privileged teacher and the graders know besides):
+
+    specs, references = tasks.load_tasks(tasks.DemoTasksConfig(), executor, EpisodeConfig())
+
+Training, distillation and evaluation all call ``load_tasks``; a new source is a
+config class here and a module that builds its specs and ``TaskReference``s
+(``docs/extending.md``).
+"""
+
+import dataclasses
+
+from pau_jax.env.episode import EpisodeConfig
+from pau_jax.tasks.reference import TaskReference
+
+__all__ = ["DatasetConfig", "DemoTasksConfig", "TaskReference", "load_tasks"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DemoTasksConfig:
+    """The tasks embedded in `pau_jax.tasks.demo` (no dataset needed)."""
+
+    limit: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DatasetConfig:
+    """A built split of the TFDS `pau` dataset.
+
+    Attributes:
+      config: builder config ('default', 'debug').
+      split: 'test' or 'train'.
+      data_dir: the TFDS data_dir it was built into.
+      limit: the first `limit` items (by task id, after `sources`); None: all.
+      sources: keep only items of these source benchmarks ('humaneval', 'mbpp',
+        'cruxeval'); None: all.
+      build_if_missing: build it into `data_dir` first when absent (from
+        `manual_dir`, or the builder's dummy data for the debug config).
+      manual_dir: folder of source files for `build_if_missing`.
+    """
+
+    config: str = "default"
+    split: str = "test"
+    data_dir: str = "~/tensorflow_datasets"
+    limit: int | None = None
+    sources: tuple[str, ...] | None = None
+    build_if_missing: bool = False
+    manual_dir: str | None = None
+
+
+def load_tasks(source, executor, config: EpisodeConfig):
+    """(episode specs, task id -> ``TaskReference``) of a task source.
+
+    Args:
+      source: a ``DatasetConfig`` or ``DemoTasksConfig``.
+      executor: the sandbox (the demo tasks compute their examples' outputs in it).
+      config: the episode protocol (how shown examples are displayed).
+
+    Raises:
+      TypeError: an unknown source.
+      ValueError: ``sources`` names a benchmark the split does not have.
+      FileNotFoundError: the split is not built.
+    """
+    if isinstance(source, DemoTasksConfig):
+        from pau_jax.tasks import demo
+
+        specs, references = demo.load(executor, config)
+        return specs[: source.limit] if source.limit is not None else specs, references
+    if isinstance(source, DatasetConfig):
+        from pau_jax.tasks import pau_dataset
+
+        if source.build_if_missing:
+            pau_dataset.ensure_built(
+                source.data_dir, config=source.config, manual_dir=source.manual_dir
+            )
+        records = pau_dataset.load_split(source.config, source.split, source.data_dir)
+        if source.sources is not None:
+            known = {r.source for r in records}
+            unknown = sorted(set(source.sources) - known)
+            if unknown:
+                raise ValueError(
+                    f"sources {unknown} are not in pau/{source.config} {source.split} "
+                    f"(it has {sorted(known)})"
+                )
+            records = [r for r in records if r.source in source.sources]
+        if source.limit is not None:
+            records = records[: source.limit]
+        return pau_dataset.from_records(records, config)
+    raise TypeError(f"the task source must be a DatasetConfig or DemoTasksConfig, got {source!r}")

@@ -1,0 +1,160 @@
+"""What every training run mode shares: the run directory, the actor with its adapters, the mesh.
+
+    with run.open_run(run_dir, actor, seed=0) as r:      # model, tokenizer, checkpointer, writer
+        ... r.model, r.tokenizer, r.checkpointer, r.writer, r.to_layout(rules), r.base_policy(s)
+        summary = r.finish({"mode": "grpo", ...})        # adapter/ and summary.json
+
+AAC (``rl.loop.train``) and distillation (``sft.distill.distill``) both start
+here, so a new algorithm's run mode only adds its own loop.
+"""
+
+import dataclasses
+import json
+import pathlib
+import time
+from typing import Any
+
+from pau_jax import metrics_writer, parallel
+from pau_jax.models import lora
+from pau_jax.training import checkpoint as checkpoint_lib
+from pau_jax.training import step as step_lib
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ActorConfig:
+    """The trained model: a checkpoint (or a random model) and its LoRA adapters.
+
+    Attributes:
+      checkpoint: a Hugging Face directory (any family of ``pau_jax.models.load_hf``);
+        None builds a random model from ``model_config`` and writes it (with the
+        offline tokenizer) to <run_dir>/base_model.
+      model_config: the config of the random model (any family's config class).
+      tokenizer: a tokenizer path or 'qwen3-offline'; default the checkpoint's own.
+      dtype: parameter dtype of the base weights.
+      lora_rank, lora_alpha, lora_targets: the adapters (paper: 16, 16, all linear).
+    """
+
+    checkpoint: str | None = None
+    model_config: Any = None
+    tokenizer: str | None = None
+    dtype: str = "float32"
+    lora_rank: int = 16
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = tuple(lora.DEFAULT_TARGETS)
+
+
+def _base_checkpoint(out: pathlib.Path, actor: ActorConfig, seed: int) -> pathlib.Path:
+    if actor.checkpoint is not None:
+        return pathlib.Path(actor.checkpoint).expanduser()
+    if actor.model_config is None:
+        raise ValueError(
+            "the actor needs checkpoint= (an HF dir) or model_config= (a random model) "
+            "(gin: --gin.CHECKPOINT=\"'/path'\")"
+        )
+    path = out / "base_model"
+    if parallel.is_primary() and not (path / "config.json").exists():
+        from pau_jax import models
+
+        models.random_checkpoint(actor.model_config, path, seed=seed)
+    parallel.barrier("base_model")
+    return path
+
+
+class Run:
+    """An open training run: its directory, actor, mesh, checkpointer and metrics writer.
+
+    Attributes:
+      out: the run directory.
+      mesh: the device mesh, or None.
+      model: the actor (learner layout) with LoRA adapters.
+      tokenizer: its tokenizer.
+      base_path: the base checkpoint directory.
+      n_adapted: modules that carry adapters.
+      checkpointer: ``checkpoint.Checkpointer`` of <run_dir>/checkpoints.
+      writer: ``metrics_writer.MetricsWriter`` of the run directory.
+      primary: whether this process writes files.
+    """
+
+    def __init__(
+        self,
+        run_dir: str,
+        actor: ActorConfig,
+        *,
+        seed: int = 0,
+        mesh_config: parallel.MeshConfig | None = None,
+        max_checkpoints: int | None = 3,
+        tag: str = "train",
+    ):
+        from pau_jax import models
+        from pau_jax.tokenizer import load_tokenizer
+
+        self.tag = tag
+        self.started = time.perf_counter()
+        self.out = pathlib.Path(run_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.primary = parallel.is_primary()
+        self.mesh = parallel.make_mesh(mesh_config) if mesh_config is not None else None
+        path = _base_checkpoint(self.out, actor, seed)
+        self.model, _ = models.load_hf(
+            path, dtype=actor.dtype, mesh=self.mesh, rules=parallel.LEARNER_RULES
+        )
+        self.tokenizer = load_tokenizer(actor.tokenizer or path)
+        self.base_path = str(path)
+        self.n_adapted = lora.apply_lora(
+            self.model,
+            rank=actor.lora_rank,
+            alpha=actor.lora_alpha,
+            targets=actor.lora_targets,
+            seed=seed,
+        )
+        if self.mesh is not None:
+            parallel.shard_model(self.model, self.mesh)
+        self.relayout = self.mesh is not None and parallel.layouts_differ(self.model, self.mesh)
+        mesh_text = "" if self.mesh is None else f"; mesh {dict(self.mesh.shape)}"
+        print(
+            f"[{tag}] base model {path}; LoRA on {self.n_adapted} modules{mesh_text}"
+            + (f" (relayout {self.relayout})" if self.mesh is not None else ""),
+            flush=True,
+        )
+        self.checkpointer = checkpoint_lib.Checkpointer(
+            self.out / "checkpoints", max_to_keep=max_checkpoints
+        )
+        self.writer = metrics_writer.MetricsWriter(self.out)
+
+    def to_layout(self, rules) -> float:
+        """Moves the actor into a layout (sampler or learner rules); seconds, 0 without a mesh."""
+        return parallel.reshard(self.model, self.mesh, rules) if self.relayout else 0.0
+
+    def base_policy(self, sampling):
+        """The base model (same arrays, adapters zeroed, no copy) as a ``LocalPolicy``."""
+        from pau_jax.policy.local import LocalPolicy
+
+        return LocalPolicy(step_lib.reference_model(self.model), self.tokenizer, sampling)
+
+    def finish(self, summary: dict) -> dict:
+        """Closes the files, exports the adapters (PEFT) and writes summary.json."""
+        self.checkpointer.close()
+        self.writer.close()
+        summary = {**summary, "lora_modules": self.n_adapted}
+        summary["seconds"] = round(time.perf_counter() - self.started, 2)
+        if self.primary:
+            lora.export_peft(
+                self.model, self.out / "adapter", base_model_name_or_path=self.base_path
+            )
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"[{self.tag}] done: {summary.get('steps')} steps; adapter: {self.out / 'adapter'}")
+        return summary
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is not None:  # Keep what was written; finish() was not reached.
+            self.checkpointer.close()
+            self.writer.close()
+        return False
+
+
+def open_run(run_dir: str, actor: ActorConfig, **kwargs) -> Run:
+    """``Run(run_dir, actor, **kwargs)``."""
+    return Run(run_dir, actor, **kwargs)

@@ -1,0 +1,84 @@
+"""The model seats: each backend config builds its policy, local seats share a checkpoint, 'self'."""
+
+import dataclasses
+import subprocess
+import sys
+
+import checkpoints
+import pytest
+
+from pau_jax.policy import backends, scripted
+from pau_jax.policy.config import SamplingConfig
+from pau_jax.policy.http import HTTPConfig, HTTPPolicy
+
+
+def _imports_jax(*modules: str) -> bool:
+    """Whether importing `modules` in a fresh interpreter loads JAX."""
+    code = f"import sys\nimport {', '.join(modules)}\nprint('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.strip() == "True"
+
+
+def test_the_seat_configs_import_without_jax():
+    assert not _imports_jax("pau_jax.policy.backends", "pau_jax.policy.config")
+    assert _imports_jax("pau_jax.policy.local")  # the check sees JAX where it is imported
+
+
+@pytest.mark.parametrize(
+    "backend, policy_type",
+    [
+        (backends.OracleBackendConfig(n_probes=2), scripted.OraclePolicy),
+        (backends.RandomProberBackendConfig(seed=1), scripted.RandomProber),
+        (backends.ScriptedCoderBackendConfig(), scripted.ScriptedCoder),
+        (backends.ScriptedJudgeBackendConfig(), scripted.OverlapJudge),
+        (
+            backends.HTTPBackendConfig(
+                http=HTTPConfig(base_url="http://127.0.0.1:1/v1", model="m")
+            ),
+            HTTPPolicy,
+        ),
+    ],
+)
+def test_each_backend_builds_its_policy(backend, policy_type):
+    assert isinstance(backends.build_policy(backend), policy_type)
+
+
+def test_local_seats_on_one_checkpoint_share_one_model(tmp_path):
+    from flax import nnx
+
+    from pau_jax.models import qwen3
+    from pau_jax.policy.local import LocalPolicy
+    from pau_jax.tokenizer import save_offline_tokenizer
+
+    config = checkpoints.tiny_qwen3_config(max_position_embeddings=2048)
+    qwen3.save_hf(qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)), config, tmp_path)
+    save_offline_tokenizer(tmp_path)
+    agent = backends.LocalBackendConfig(
+        checkpoint_dir=str(tmp_path), sampling=SamplingConfig(max_new_tokens=4)
+    )
+    judge = dataclasses.replace(
+        agent, sampling=SamplingConfig(max_new_tokens=8), prefix_cache_gib=0
+    )
+    seats = backends.Backends()
+    first, second = seats.build(agent), seats.build(judge)
+    assert isinstance(first, LocalPolicy) and isinstance(second, LocalPolicy)
+    assert first.model is second.model  # one copy of the weights for both seats
+    assert second.sampling.max_new_tokens == 8 and second.prefix_cache is None
+    assert backends.build_policy(agent).model is not first.model  # the cache is per `Backends`
+
+
+def test_resolve_seat():
+    agent = backends.LocalBackendConfig(checkpoint_dir="/ckpt/a", adapter_dir="/runs/x/adapter")
+    assert backends.resolve_seat("judge", "self", agent) == (agent, True)
+    # A seat on the agent's own checkpoint (its base, without the adapter) is self-graded too.
+    base = backends.LocalBackendConfig(checkpoint_dir="/ckpt/a")
+    assert backends.resolve_seat("judge", base, agent) == (base, True)
+    other = backends.LocalBackendConfig(checkpoint_dir="/ckpt/judge")
+    assert backends.resolve_seat("judge", other, agent) == (other, False)
+    endpoint = backends.HTTPBackendConfig(http=HTTPConfig(base_url="http://h/v1", model="m"))
+    same = backends.HTTPBackendConfig(
+        http=HTTPConfig(base_url="http://h/v1", model="m", timeout_s=9)
+    )
+    assert backends.resolve_seat("coder", same, endpoint) == (same, True)
+    assert backends.describe(endpoint) == "endpoint http://h/v1 model m"
+    assert backends.describe(agent) == "checkpoint /ckpt/a + adapter /runs/x/adapter"
