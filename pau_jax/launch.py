@@ -24,7 +24,7 @@ import time
 from absl import app, flags, logging
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
-RUN_MODES = ("quickstart", "train", "eval")
+RUN_MODES = ("quickstart", "train", "distill", "eval")  # experiment.ENTRY_NAMES' keys
 
 _GIN_FILES = flags.DEFINE_multi_string(
     "gin_file", [], "Gin files, parsed in order (later files override earlier ones)."
@@ -139,7 +139,10 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)
     std_logging.getLogger().addFilter(_drop_include_probe_errors)  # gin logs to the root.
     parse_config(_GIN_FILES.value, list(_GIN_BINDINGS.value) + _EXTRA_BINDINGS)
-    mode = _RUN_MODE.value or gin.get_configurable("pau_jax.experiment.run_defaults")()
+    selected = gin.get_configurable("pau_jax.experiment.run_defaults")()
+    mode = _RUN_MODE.value or selected
+    if mode != selected:
+        logging.warning("--run_mode=%s overrides the gin files' run mode %r", mode, selected)
     run_dir = pathlib.Path(_RUN_DIR.value or f"runs/{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
     if _DRY_RUN.value:
         print(gin.config_str())

@@ -14,6 +14,10 @@ import pytest
 from buildfiles import ROOT, _build_files, _evaluate
 
 PACKAGE = "pau_jax"
+# Subpackages that are a bag of separate programs: each module is its own node and library.
+PER_MODULE = ("tools",)
+# experiment.py imports the modules named in these tables by string (importlib), for gin.
+STRING_TABLES = ("CONFIG_MODULES", "FUNCTIONS", "ENTRIES")
 
 
 def label_of(module: str, root: pathlib.Path = ROOT) -> str | None:
@@ -23,6 +27,8 @@ def label_of(module: str, root: pathlib.Path = ROOT) -> str | None:
         return None
     if len(parts) == 1:
         return f"//{PACKAGE}"
+    if parts[1] in PER_MODULE and len(parts) > 2:
+        return f"//{PACKAGE}/{parts[1]}:{parts[2]}"
     if (root / PACKAGE / parts[1]).is_dir():
         return f"//{PACKAGE}/{parts[1]}"
     if (root / PACKAGE / f"{parts[1]}.py").is_file():
@@ -43,6 +49,17 @@ def imported_modules(path: pathlib.Path, root: pathlib.Path = ROOT) -> set[str]:
     here = _module_name(path, root).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
     found = set()
+    for node in tree.body:  # Module names given as strings in the tables importlib reads.
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id in STRING_TABLES for t in node.targets
+        ):
+            found.update(
+                c.value
+                for c in ast.walk(node.value)
+                if isinstance(c, ast.Constant)
+                and isinstance(c.value, str)
+                and c.value.startswith(f"{PACKAGE}.")
+            )
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
@@ -114,7 +131,9 @@ def _package_label(build: pathlib.Path) -> str:
 def normalise(dep: str, package: str) -> str | None:
     """The graph node a BUILD dep names (None outside pau_jax): subpackages are one node."""
     if dep.startswith(":"):
-        dep = package + dep
+        return None  # A rule of the same package: not an edge between nodes.
+    if dep.startswith(f"//{PACKAGE}/") and dep.split("/")[3].split(":")[0] in PER_MODULE:
+        return dep
     if dep.startswith(f"//{PACKAGE}/"):
         return dep.split(":")[0]
     if dep == f"//{PACKAGE}:{PACKAGE}" or dep == f"//{PACKAGE}":
@@ -130,6 +149,8 @@ def rule_deps(build: pathlib.Path, kwargs: dict, root: pathlib.Path = ROOT):
     own = {package if package != f"//{PACKAGE}" else f"//{PACKAGE}:{kwargs['name']}"}
     if package == f"//{PACKAGE}" and kwargs["name"] == PACKAGE:
         own = {f"//{PACKAGE}"}
+    if package.split("/")[-1] in PER_MODULE:
+        own |= {f"{package}:{kwargs['name']}"}
     needed = set()
     for src in kwargs.get("srcs", []):
         path = build.parent / src
@@ -221,6 +242,8 @@ def test_the_checks_can_fail(tmp_path):
     assert set(graph["//pau_jax:tool"]) == {"//pau_jax/a", "//pau_jax/b"}
     (pkg / "b" / "y.py").write_text("")
     assert cycles(package_graph(tmp_path)) == []
+    (pkg / "run.py").write_text('ENTRIES = {"x": ("pau_jax.a.x", "f")}\n')
+    assert set(package_graph(tmp_path)["//pau_jax:run"]) == {"//pau_jax/a"}
 
 
 @pytest.mark.parametrize(
@@ -228,6 +251,7 @@ def test_the_checks_can_fail(tmp_path):
     [
         ("pau_jax.rl.loop", "//pau_jax/rl"),
         ("pau_jax.parallel", "//pau_jax:parallel"),
+        ("pau_jax.tools.memory", "//pau_jax/tools:memory"),
         ("pau_jax", "//pau_jax"),
         ("numpy", None),
     ],

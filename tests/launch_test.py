@@ -170,3 +170,9 @@ def test_quickstart_reduced_writes_every_artefact(tmp_path):
 def test_top_level_gin_files_parse(name, tmp_path):
     proc = launching.launch(f"--gin_file={name}", "--dry_run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_every_run_mode_can_be_chosen_on_the_command_line():
+    from pau_jax import experiment, launch
+
+    assert set(launch.RUN_MODES) == set(experiment.ENTRY_NAMES) == set(experiment.ENTRIES)

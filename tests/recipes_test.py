@@ -299,7 +299,7 @@ def test_resume_and_serve_the_adapter(tmp_path, data_dir, checkpoint):
     tiny = [
         "--gin_file=debug/local_tiny.gin",
         f"--gin.CHECKPOINT='{checkpoint}'",
-        "--gin.DATASET=@train/pau_jax.tasks.DatasetConfig()",
+        "--gin.DATASET=@aac/pau_jax.tasks.DatasetConfig()",
         "--gin.DATASET_CONFIG='debug'",
         f"--gin.DATA_DIR='{data_dir}'",
         "--gin.pau_jax.rl.rollout.RolloutConfig.tasks_per_batch=1",

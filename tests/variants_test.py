@@ -52,8 +52,12 @@ def test_paper_defaults_without_the_overlay(parse):
 
 def test_as_released_on_training(parse):
     parse("aac.gin", "variants/as_released.gin")
-    reference = gin.query_parameter("pau_jax.experiment.train.episode_config")
+    reference = gin.query_parameter("EPISODE/macro.value")
     assert reference.scoped_selector == "rl/pau_jax.env.episode.EpisodeConfig"
+    assert (
+        gin.query_parameter("pau_jax.experiment.train.episode_config").scoped_selector
+        == "EPISODE/gin.macro"
+    )
     rl = _make("pau_jax.env.episode.EpisodeConfig", scope="rl")
     assert rl.history_window == 5 and rl.reflection_sees_newest and rl.display_mode == "str"
     assert rl.window_includes_examples and rl.max_steps == 40
@@ -71,6 +75,24 @@ def test_as_released_on_training(parse):
     assert rollout.call_timeout_s == 10.0 and rollout.sampling.max_prompt_tokens == 512
     sampling = rollout.sampling_for(seed=7)
     assert sampling.max_prompt_tokens == 512 and sampling.enable_thinking and sampling.seed == 7
+
+
+def test_as_released_reaches_the_distill_mode_too(parse):
+    # DISTILL / CodeARC-SFT share the training protocol and the thinking switch with AAC.
+    parse("aac.gin", "ablations/distill.gin", "variants/as_released.gin")
+    assert (
+        gin.query_parameter("pau_jax.experiment.distill.episode_config").scoped_selector
+        == "EPISODE/gin.macro"
+    )
+    assert gin.query_parameter("EPISODE/macro.value").scoped_selector.startswith("rl/")
+    assert (
+        gin.query_parameter("pau_jax.experiment.distill.enable_thinking").scoped_selector
+        == "THINKING/gin.macro"
+    )
+    assert gin.query_parameter("THINKING/macro.value") is True
+    assert (
+        gin.query_parameter("pau_jax.experiment.distill.seed").scoped_selector == "SEED/gin.macro"
+    )
 
 
 def test_as_released_keeps_sym_info_symmetric(parse):

@@ -23,7 +23,8 @@ from pau_jax.policy import Policy, scripted
 from pau_jax.policy.config import SamplingConfig
 from pau_jax.policy.http import HTTPConfig, HTTPPolicy
 
-# A judge or coder seat given as this string is the agent's own backend.
+# A seat given as this string: for a judge or coder, the agent's own backend; for the AAC
+# critic or a distillation teacher, the actor's own base model.
 SELF = "self"
 
 

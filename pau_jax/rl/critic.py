@@ -1,8 +1,8 @@
 """The AAC critic: prompts that rate each reasoning step and each hypothesis 0–9, and their parsing.
 
 The critic is any policy (``conversations -> texts``): in the paper it is the
-actor's own base model without LoRA (``critic_model`` builds it over the very
-same base arrays), prompted with privileged information the actor never sees
+actor's own base model without LoRA (``training.step.reference_model`` builds it
+over the very same base arrays), prompted with privileged information the actor never sees
 (the gold description, optionally the source code). It scores two kinds of
 steps of a finished episode:
 
@@ -21,14 +21,10 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 
-import jax
-from flax import nnx
-
 from pau_jax.env import parse
 from pau_jax.env.episode import EpisodeState, Phase
 from pau_jax.policy.config import SamplingConfig
 from pau_jax.tasks.reference import TaskReference
-from pau_jax.training import step as step_lib
 
 CRITIC_PROMPT_VERSION = "critic-v1"
 PRIVILEGED = ("description", "description+source", "none")
@@ -229,15 +225,3 @@ def score_episodes(
         scores[e][i] = score
         raw[e][i] = text
     return CriticScores(scores=scores, requested=len(where), unparsed=unparsed, raw=raw)
-
-
-def critic_model(model: nnx.Module) -> nnx.Module:
-    """The base of a LoRA model as a second model object over the very same base arrays.
-
-    Every adapter of the returned model is zero (it adds exactly 0), and every
-    other array *is* the model's own (no copy): training the actor's adapters
-    never changes the critic, and the weights exist once in memory.
-    """
-    if not jax.tree.leaves(nnx.state(model, nnx.LoRAParam)):
-        raise ValueError("critic_model needs a LoRA model; the plain model already is the base")
-    return step_lib.reference_model(model)

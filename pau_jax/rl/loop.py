@@ -76,8 +76,6 @@ def _critic(critic, r: run_lib.Run, critic_config: CriticConfig, specs):
     if critic == SELF:
         sampling = critic_config.sampling
         return lambda seed: r.base_policy(dataclasses.replace(sampling, seed=seed))
-    if isinstance(critic, str):
-        raise ValueError(f"critic must be '{SELF}' or a *BackendConfig, got {critic!r}")
     policy = backends.build_policy(critic, specs)
     return lambda seed: policy
 
@@ -88,7 +86,8 @@ def _from_run(name: str, config, field: str, value):
     default = {f.name: f.default for f in dataclasses.fields(config)}[field]
     if given not in (default, value):
         raise ValueError(
-            f"{name}={given} differs from the run's {value}; leave it unset (the run sets it)"
+            f"{name}={given} differs from the run's {value}; leave it at its default "
+            f"({default}): the run sets it"
         )
     return value
 
@@ -104,7 +103,10 @@ def _resume(r: run_lib.Run, state, seed: int) -> tuple[object, int]:
             f"{r.out} holds a checkpoint of another run (seed={extra.get('seed')}, "
             f"mode={extra.get('mode', 'grpo')}); use a new run_dir"
         )
-    print(f"[train] resuming from step {latest} (task position {extra['data_position']})")
+    print(
+        f"[train] resuming from step {latest} (task position {extra['data_position']})",
+        flush=True,
+    )
     return state, int(extra["data_position"])
 
 
@@ -169,6 +171,13 @@ def train(
         process plays its share of the batch's tasks and only process 0 writes files.
       sandbox_workers: sandbox worker processes.
     """
+    if critic != SELF and not hasattr(critic, "build"):
+        raise ValueError(
+            f"critic must be '{SELF}' (the frozen base model, the paper's critic) or a seat "
+            f"of pau_jax.policy.backends (e.g. HTTPBackendConfig for an endpoint), got {critic!r}"
+        )
+    if episode_config.max_steps is None:
+        raise ValueError("training needs a step limit: EpisodeConfig.max_steps (T_max, gin T_MAX)")
     # One setting each: the learner scores at the sampling temperature, rewards use T_max.
     temperature = _from_run(
         "GRPOConfig.temperature",
@@ -249,9 +258,9 @@ def train(
             if eval_fn is not None and eval_every and step % eval_every == 0:
                 found = eval_fn(step=step, model=r.model, tokenizer=r.tokenizer, executor=executor)
                 r.writer.write(step, {f"eval/{name}": float(v) for name, v in found.items()})
-        return r.finish(
-            {"mode": "grpo", "steps": step, "data_position": position, "last_metrics": last}
-        )
+        summary = {"mode": "grpo", "steps": step, "data_position": position}
+        summary.update(teacher=None, self_distillation=False, last_metrics=last)
+        return r.finish(summary)
 
 
 def _batch_shards(r: run_lib.Run) -> int:

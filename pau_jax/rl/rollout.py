@@ -179,7 +179,7 @@ def collect(
       tasks: the batch's tasks (usually ``config.tasks_per_batch`` of them).
       actor: ``actor(conversations) -> replies`` with ``.text``, ``.prompt_ids``,
         ``.token_ids`` and ``.logprobs`` (e.g. ``LocalPolicy.complete``).
-      critic: ``critic(conversations) -> texts`` (greedy; see ``critic.critic_model``).
+      critic: ``critic(conversations) -> texts`` (the frozen base model by default: ``training.step.reference_model``).
       executor: the sandbox ``Executor``.
       references: task id -> privileged information for the critic.
       config: group size and sandbox settings.

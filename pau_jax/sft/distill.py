@@ -89,7 +89,7 @@ def collect(
     return records
 
 
-def fine_tune(
+def imitate(
     *,
     model,
     tokenizer,
@@ -248,7 +248,7 @@ def distill(
             specs, refs = list(tasks), references or {}
         r.to_layout(parallel.SAMPLER_RULES)
         if teacher == SELF:
-            print("[sft] SELF-DISTILLATION: the teacher is the actor's own base model")
+            print("[sft] SELF-DISTILLATION: the teacher is the actor's own base model", flush=True)
             policy = r.base_policy(
                 dataclasses.replace(self_sampling, seed=self_sampling.seed + seed)
             )
@@ -257,7 +257,7 @@ def distill(
         if privileged:
             policy = PrivilegedTeacher(policy, specs, refs, show_code=show_code)
         print(f"[sft] SFT on the episodes of teacher {_describe(policy)}", flush=True)
-        result = fine_tune(
+        result = imitate(
             model=r.model,
             tokenizer=r.tokenizer,
             teacher_policy=policy,
@@ -278,6 +278,7 @@ def distill(
         summary = {
             "mode": "sft",
             "steps": result["steps"],
+            "data_position": 0,
             "teacher": _describe(policy),
             "self_distillation": teacher == SELF,
             "last_metrics": result["last_metrics"],

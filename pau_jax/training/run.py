@@ -142,7 +142,10 @@ class Run:
                 self.model, self.out / "adapter", base_model_name_or_path=self.base_path
             )
             (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"[{self.tag}] done: {summary.get('steps')} steps; adapter: {self.out / 'adapter'}")
+        print(
+            f"[{self.tag}] done: {summary.get('steps')} steps; adapter: {self.out / 'adapter'}",
+            flush=True,
+        )
         return summary
 
     def __enter__(self):

@@ -99,8 +99,13 @@ def split_model(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
 
 
 def reference_model(model: nnx.Module) -> nnx.Module:
-    """The base model: the same arrays with every adapter set to zero (adds exactly 0)."""
-    graphdef, lora_state, base_state = nnx.split(model, nnx.LoRAParam, ...)
+    """The base of a LoRA model as a second model object over the very same base arrays.
+
+    Every adapter of the returned model is zero (it adds exactly 0) and every other
+    array *is* the model's own (no copy): the KL reference, the frozen AAC critic and
+    a self-distillation teacher; training the adapters never changes it.
+    """
+    graphdef, lora_state, base_state = split_model(model)
     return nnx.merge(graphdef, jax.tree.map(jnp.zeros_like, lora_state), base_state)
 
 

@@ -14,6 +14,7 @@ from pau_jax.env.episode import EpisodeConfig, Phase
 from pau_jax.rl import critic
 from pau_jax.rl.critic import CriticConfig
 from pau_jax.tasks import TaskReference
+from pau_jax.training import step as step_lib
 
 CONFIG = EpisodeConfig(call_budget=5)
 TASK = episode.Task(
@@ -157,9 +158,9 @@ def _base_leaves(model):
     return jax.tree.leaves(nnx.state(model, nnx.Not(nnx.LoRAParam)))
 
 
-def test_critic_model_shares_the_base_arrays_and_ignores_the_adapters():
+def test_the_frozen_critic_shares_the_base_arrays_and_ignores_the_adapters():
     actor = lib.tiny_model()
-    frozen = critic.critic_model(actor)
+    frozen = step_lib.reference_model(actor)
     pairs = list(zip(_base_leaves(actor), _base_leaves(frozen), strict=True))
     assert pairs and all(a is b for a, b in pairs)
     assert all(a.unsafe_buffer_pointer() == b.unsafe_buffer_pointer() for a, b in pairs)
@@ -173,7 +174,7 @@ def test_critic_model_shares_the_base_arrays_and_ignores_the_adapters():
     nnx.update(actor, jax.tree.map(lambda x: x + 0.5, lora_state))
     np.testing.assert_allclose(np.asarray(frozen(ids, mask)), plain, atol=1e-6)
     with pytest.raises(ValueError, match="LoRA"):
-        critic.critic_model(lib.tiny_model(with_lora=False))
+        step_lib.reference_model(lib.tiny_model(with_lora=False))
 
 
 def test_local_critic_over_the_shared_base_scores_greedily():
@@ -186,7 +187,7 @@ def test_local_critic_over_the_shared_base_scores_greedily():
     actor = qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
     lora.apply_lora(actor, rank=2, alpha=2)
     tokenizer = load_tokenizer("qwen3-offline")
-    frozen = critic.critic_model(actor)
+    frozen = step_lib.reference_model(actor)
     assert all(a is b for a, b in zip(_base_leaves(actor), _base_leaves(frozen), strict=True))
     policy = LocalPolicy(frozen, tokenizer, SamplingConfig(max_new_tokens=4, temperature=0.0))
     states = [finished_state(1), finished_state(1)]

@@ -204,3 +204,13 @@ def test_temperature_and_t_max_are_one_setting_each(tmp_path):
         loop.train(run_dir=str(tmp_path), **dict(TINY, reward_config=RewardConfig(max_steps=5)))
     assert loop._from_run("x", GRPOConfig(), "temperature", 0.7) == 0.7
     assert loop._from_run("x", RewardConfig(), "max_steps", 3) == 3
+
+
+def test_bad_critic_and_missing_step_limit_fail_before_loading_anything(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(ValueError, match="critic must be 'self'"):
+        loop.train(run_dir=str(run_dir), **dict(TINY, critic=None))
+    no_limit = EpisodeConfig(call_budget=2, max_steps=None)
+    with pytest.raises(ValueError, match="needs a step limit"):
+        loop.train(run_dir=str(run_dir), **dict(TINY, episode_config=no_limit))
+    assert not run_dir.exists()  # Refused before the run directory or the model existed.

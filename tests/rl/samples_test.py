@@ -55,7 +55,7 @@ def test_length_rounds_up_to_the_multiple(multiple, expected_t):
 
 
 def test_sampler_logprobs_line_up_with_the_learner_log_probs():
-    """Scores from `generate` (temperature 1) equal grpo.token_logprobs on every completion token."""
+    """Scores from `generate` (temperature 1) equal training.logprobs.token_logprobs on every completion token."""
     model = lib.tiny_model()
     prompts = [[3, 14, 15, 9, 2, 6], [5, 35], [8, 9, 7, 9]]
     out = generate(model, prompts, max_new_tokens=5, temperature=1.0, n_samples=2, seed=3)
