@@ -18,7 +18,7 @@ from pau_jax.tasks import DatasetConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
-TASKS = 5
+TASKS = 3
 BUDGET = 2
 NEW_TOKENS = 48
 PHASES = ("conceptualize", "generate", "revise")
