@@ -26,40 +26,20 @@ __all__ = ["Batch", "LearnerConfig", "TrainState", "init_state", "make_train_ste
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LearnerConfig:
-    """Optimiser and batching of the LoRA update (paper values by default).
+class LearnerConfig(step_lib.OptimizerConfig):
+    """Optimiser (``training.step.OptimizerConfig``: learning rate 1e-6, weight decay 0.01,
+    clipping at norm 1, torch's AdamW moments) and batching of the LoRA update (paper values).
 
     Attributes:
-      learning_rate: AdamW learning rate.
-      weight_decay: AdamW decoupled weight decay.
-      max_grad_norm: gradients are clipped to this global norm before AdamW.
-      adam_b1, adam_b2, adam_eps: AdamW moments and epsilon (torch defaults).
       micro_batch_size: rows per micro-batch; None = the whole batch at once.
         The batch size must be a multiple of it.
       logits_chunk_tokens: positions whose [chunk, V] logits exist at once.
       grpo: the loss's constants.
     """
 
-    learning_rate: float = 1e-6
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    adam_eps: float = 1e-8
     micro_batch_size: int | None = None
     logits_chunk_tokens: int = 1024
     grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)
-
-    def optimizer(self) -> step_lib.OptimizerConfig:
-        """The optimizer's part of this config."""
-        return step_lib.OptimizerConfig(
-            learning_rate=self.learning_rate,
-            weight_decay=self.weight_decay,
-            max_grad_norm=self.max_grad_norm,
-            adam_b1=self.adam_b1,
-            adam_b2=self.adam_b2,
-            adam_eps=self.adam_eps,
-        )
 
     def __post_init__(self):
         if self.micro_batch_size is not None and self.micro_batch_size < 1:

@@ -71,6 +71,7 @@ class BatchLayout:
       active: [B] bool, False on rows added only to fill the batch bucket.
       num_rows: number of real decode rows (prompts x samples).
       num_distinct: number of distinct prompts (prefilled once each).
+      prompts: the distinct prompts, in the order of the U rows of `input_ids`.
     """
 
     input_ids: np.ndarray
@@ -81,6 +82,7 @@ class BatchLayout:
     active: np.ndarray
     num_rows: int
     num_distinct: int
+    prompts: tuple[tuple[int, ...], ...] = ()
 
 
 def prompts_as_lists(prompts, prompt_mask=None) -> list[list[int]]:
@@ -162,4 +164,5 @@ def layout_batch(prompts: Sequence[Sequence[int]], n_samples: int, pad_id: int =
         active=active,
         num_rows=num_rows,
         num_distinct=num_distinct,
+        prompts=tuple(distinct),
     )

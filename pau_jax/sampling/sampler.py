@@ -440,7 +440,7 @@ def generate(
     mesh = sharding.mesh_of(state)
     if mesh is not None:
         prefix_cache = None
-    distinct = list(dict.fromkeys(tuple(p) for p in prompt_lists))
+    distinct = layout.prompts
     reuse = None
     if prefix_cache is not None:
         prefix_cache.bind(state, jnp.dtype(cache_dtype))

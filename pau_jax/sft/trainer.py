@@ -32,13 +32,11 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SFTConfig:
-    """Optimiser, batching and data limits of supervised fine-tuning.
+class SFTConfig(step_lib.OptimizerConfig):
+    """Optimiser (``training.step.OptimizerConfig``, here with learning rate 1e-5), batching
+    and data limits of supervised fine-tuning.
 
     Attributes:
-      learning_rate: AdamW learning rate.
-      weight_decay: AdamW decoupled weight decay.
-      max_grad_norm: global-norm gradient clipping.
       epochs: passes over the training pairs.
       batch_size: pairs per optimizer step (the last batch is padded with
         rows that carry no loss).
@@ -56,8 +54,6 @@ class SFTConfig:
     """
 
     learning_rate: float = 1e-5
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
     epochs: int = 1
     batch_size: int = 8
     micro_batch_size: int | None = None
@@ -78,14 +74,6 @@ class SFTConfig:
                 f"micro_batch_size={self.micro_batch_size} must be >= 1 and divide "
                 f"batch_size={self.batch_size}"
             )
-
-    def optimizer(self) -> step_lib.OptimizerConfig:
-        """The optimizer's part of this config."""
-        return step_lib.OptimizerConfig(
-            learning_rate=self.learning_rate,
-            weight_decay=self.weight_decay,
-            max_grad_norm=self.max_grad_norm,
-        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

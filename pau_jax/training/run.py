@@ -158,6 +158,5 @@ class Run:
         return False
 
 
-def open_run(run_dir: str, actor: ActorConfig, **kwargs) -> Run:
-    """``Run(run_dir, actor, **kwargs)``."""
-    return Run(run_dir, actor, **kwargs)
+# The name the run modes use: ``with open_run(run_dir, actor, seed=...) as r: ...``.
+open_run = Run

@@ -23,6 +23,7 @@ as an argument that is neither donated nor written, and shared with the sampler
 and the frozen critic.
 """
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -37,6 +38,9 @@ from flax import nnx
 class OptimizerConfig:
     """Global-norm clipping followed by AdamW (torch's defaults for the moments).
 
+    An algorithm's config extends it (``rl.learner.LearnerConfig``, ``sft.trainer.SFTConfig``),
+    so the optimiser's fields are declared once.
+
     Attributes:
       learning_rate: AdamW learning rate.
       weight_decay: AdamW decoupled weight decay.
@@ -50,6 +54,13 @@ class OptimizerConfig:
     adam_b1: float = 0.9
     adam_b2: float = 0.999
     adam_eps: float = 1e-8
+
+    def optimizer(self) -> "OptimizerConfig":
+        """Only the optimiser's fields: the static key of the compiled step, so configs that
+        differ elsewhere (batching, loss constants) share one program."""
+        return OptimizerConfig(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(OptimizerConfig)}
+        )
 
     def build(self) -> optax.GradientTransformation:
         return optax.chain(
@@ -228,9 +239,24 @@ class TrainStep:
         out_shardings=None,
         mesh: jax.sharding.Mesh | None = None,
     ):
+        """The jitted update of ``model``'s adapters under ``loss_fn``.
+
+        Args:
+          loss_fn: hashable ``loss_fn(model, batch) -> (loss_sum, denominator, stats)``
+            with a ``metrics(loss_sum, denominator, stats)`` method (a frozen dataclass).
+          optimizer: the optimizer's config (or an algorithm's config that extends it).
+          model: a model with LoRA adapters.
+          micro_batch_size: rows per micro-batch; None = the whole batch at once.
+          in_shardings: optional shardings of ``(base, state, batch)`` for ``jax.jit``;
+            None lets jit follow the inputs (``parallel.train_step_shardings`` gives all three).
+          out_shardings: optional shardings of ``(state, metrics)``.
+          mesh: optional mesh made current while tracing, so the model's activation
+            sharding constraints apply.
+        """
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
         graphdef, _, self.base = split_model(model)
+        optimizer = optimizer.optimizer()  # An algorithm's config keys the program by these only.
         self.loss_fn, self.optimizer, self.mesh = loss_fn, optimizer, mesh
         statics = (graphdef, loss_fn, optimizer, micro_batch_size)
         if in_shardings is None and out_shardings is None:
@@ -247,51 +273,19 @@ class TrainStep:
             )
         self.jitted = functools.partial(self._jit, *self._statics)
 
+    def _tracing_mesh(self):
+        return contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh)
+
     def lower(self, state: TrainState, batch):
         """The lowered program of one step (``.compile().memory_analysis()`` etc.)."""
-        if self.mesh is None:
-            return self._jit.lower(*self._statics, self.base, state, batch)
-        with jax.set_mesh(self.mesh):
+        with self._tracing_mesh():
             return self._jit.lower(*self._statics, self.base, state, batch)
 
     def __call__(self, state: TrainState, batch) -> tuple[TrainState, dict]:
         """One optimizer step on ``batch``; ``state`` is consumed (donated)."""
-        if self.mesh is None:
-            return self.jitted(self.base, state, batch)
-        with jax.set_mesh(self.mesh):
+        with self._tracing_mesh():
             return self.jitted(self.base, state, batch)
 
 
-def make_train_step(
-    loss_fn: Callable,
-    optimizer: OptimizerConfig,
-    *,
-    model: nnx.Module,
-    micro_batch_size: int | None = None,
-    in_shardings=None,
-    out_shardings=None,
-    mesh: jax.sharding.Mesh | None = None,
-) -> TrainStep:
-    """The jitted update of ``model``'s adapters under ``loss_fn``.
-
-    Args:
-      loss_fn: hashable ``loss_fn(model, batch) -> (loss_sum, denominator, stats)``
-        with a ``metrics(loss_sum, denominator, stats)`` method (a frozen dataclass).
-      optimizer: the optimizer's config.
-      model: a model with LoRA adapters.
-      micro_batch_size: rows per micro-batch; None = the whole batch at once.
-      in_shardings: optional shardings of ``(base, state, batch)`` for ``jax.jit``;
-        None lets jit follow the inputs (``parallel.train_step_shardings`` gives all three).
-      out_shardings: optional shardings of ``(state, metrics)``.
-      mesh: optional mesh made current while tracing, so the model's activation
-        sharding constraints apply.
-    """
-    return TrainStep(
-        loss_fn,
-        optimizer,
-        model=model,
-        micro_batch_size=micro_batch_size,
-        in_shardings=in_shardings,
-        out_shardings=out_shardings,
-        mesh=mesh,
-    )
+# The name the algorithms use: ``make_train_step(loss_fn, optimizer, model=, ...)``.
+make_train_step = TrainStep
