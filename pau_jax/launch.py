@@ -42,6 +42,13 @@ _RUN_DIR = flags.DEFINE_string(
     "run_dir", None, "Output directory; default runs/<run_mode>-<timestamp>."
 )
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Parse the configuration, print it and exit.")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache_dir",
+    os.environ.get("PAU_JAX_COMPILATION_CACHE", "~/.cache/pau_jax/xla"),
+    "Where compiled XLA programs are kept between runs (JAX's persistent compilation "
+    "cache), so a second run with the same model and shapes skips most compilation; "
+    "'' turns it off. Default: $PAU_JAX_COMPILATION_CACHE or ~/.cache/pau_jax/xla.",
+)
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
 
@@ -147,6 +154,7 @@ def main(argv):
     if _DRY_RUN.value:
         print(gin.config_str())
         return
+    enable_compilation_cache(_COMPILATION_CACHE.value)
     # A multi-process run (explicit PAU_* variables, SLURM, a TPU pod) joins up before any
     # JAX computation; every process runs the same entry, and only process 0 writes run files.
     from pau_jax import parallel
@@ -162,6 +170,23 @@ def main(argv):
     # The operative config lists only what was actually used; write it after the run.
     if primary:
         (run_dir / "operative_config.gin").write_text(gin.operative_config_str())
+
+
+def enable_compilation_cache(directory: str) -> pathlib.Path | None:
+    """Points JAX's persistent compilation cache at `directory` ('' leaves it off).
+
+    Programs that took at least half a second to compile are stored there and loaded by
+    later runs with the same program, backend and JAX version instead of being compiled.
+    """
+    if not directory:
+        return None
+    import jax
+
+    path = pathlib.Path(directory).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return path
 
 
 _EXTRA_BINDINGS: list[str] = []

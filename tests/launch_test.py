@@ -91,6 +91,8 @@ def test_quickstart_reduced_writes_every_artefact(tmp_path):
     assert "EVAL_CALL_BUDGET = 1" in config and "train.steps = 1" in config
     assert json.loads((run_dir / "run_info.json").read_text())["packages"]["jax"]
     assert "quickstart.eval_limit = 3" in (run_dir / "operative_config.gin").read_text()
+    # Compiled programs went to the persistent cache the launcher points JAX at.
+    assert any((tmp_path / "xla_cache").iterdir())
 
     # The base checkpoint in the Hugging Face layout, with the real tokenizer.
     hf_config = json.loads((run_dir / "checkpoint" / "config.json").read_text())

@@ -221,15 +221,34 @@ def attend(
         return jnp.where(allowed, dot * (h**-0.5), lowest)
 
     logits = scores(k, mask[:, None, None, :, :])
-    if cache is not None:
-        cached = scores(cache[0].astype(q.dtype), cache_mask[:, None, None, None, :])
-        logits = jnp.concatenate([cached, logits], axis=-1)
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bkhs->btkgh", probs[..., logits.shape[-1] - t :], v)
-    if cache is not None:
-        cached_values = cache[1].astype(v.dtype)
-        out = out + jnp.einsum("bkgts,bkhs->btkgh", probs[..., :-t], cached_values)
-    return out.reshape(b, t, n, h)
+    if cache is None:
+        probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bkgts,bkhs->btkgh", probs, v)
+        return out.reshape(b, t, n, h)
+    # One softmax over the cached slots and the new tokens, in two parts: the shifted
+    # exponentials of each part meet their own values and the sum normalises the result,
+    # so neither the scores nor the weights are concatenated or sliced. With several new
+    # tokens the cached part stays slot-major, [B, K, S, G, T], the layout of the dot that
+    # reads the keys in place, so the S x T scores are never transposed; a single new token
+    # (a decode step) has few scores, and slots last lets the exponentials vectorise.
+    keys, values = cache[0].astype(q.dtype), cache[1].astype(v.dtype)
+    slots = "bkgts" if t == 1 else "bksgt"
+    slot_axis = slots.index("s")
+    allowed = cache_mask[:, None, None, None, :] if t == 1 else cache_mask[:, None, :, None, None]
+    cached = jnp.einsum(f"btkgh,bksh->{slots}", q, keys, preferred_element_type=jnp.float32)
+    cached = jnp.where(allowed, cached * (h**-0.5), lowest)
+    top = jnp.maximum(cached.max(axis=slot_axis), logits.max(axis=-1))  # [B, K, G, T]
+    weights_cached = jnp.exp(cached - jnp.expand_dims(top, slot_axis))
+    weights_new = jnp.exp(logits - top[..., None])
+    total = weights_cached.sum(axis=slot_axis) + weights_new.sum(axis=-1)  # [B, K, G, T]
+    f32 = jnp.float32
+    out = jnp.einsum(
+        "bkgts,bkhs->btkgh", weights_new.astype(v.dtype), v, preferred_element_type=f32
+    ) + jnp.einsum(
+        f"{slots},bkhs->btkgh", weights_cached.astype(v.dtype), values, preferred_element_type=f32
+    )
+    out = out / total.transpose(0, 3, 1, 2)[..., None]
+    return out.astype(v.dtype).reshape(b, t, n, h)
 
 
 class Attention(nnx.Module):

@@ -12,6 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 
 PROMPT_BUCKET = dict(minimum=32, granularity=512)
+# The part of a prompt prefilled after a cached prefix: usually one reply and a new turn,
+# a few hundred tokens, so finer steps beyond 128 waste fewer padded tokens.
+SUFFIX_BUCKET = dict(minimum=32, granularity=128)
 NEW_TOKENS_BUCKET = dict(minimum=16, granularity=512)
 BATCH_BUCKET = dict(minimum=1, granularity=64)
 # The first cache holds at least this many new tokens, and at least W / FIRST_ROOM_FRACTION.

@@ -162,20 +162,26 @@ class PrefixCache:
 class Reuse:
     """Host arrays of a prefill on top of cached prefixes (see `sampler._prefill_extend`)."""
 
-    prefix_k: np.ndarray  # [L, U, K, P, H]
-    prefix_v: np.ndarray  # [L, U, K, H, P]
-    prefix_mask: np.ndarray  # [U, P] bool
+    prefix_k: np.ndarray  # [L, U, K, P + T, H], the last T slots empty
+    prefix_v: np.ndarray  # [L, U, K, H, P + T]
+    prefix_mask: np.ndarray  # [U, P + T] bool
     suffix_ids: np.ndarray  # [U, T] int32
     suffix_mask: np.ndarray  # [U, T] int32
     starts: np.ndarray  # [U] int32, cached prefix length of each prompt
     width: int  # P + T, the slot of decode step 0
+
+    @property
+    def prefix_width(self) -> int:
+        """P, the slots of the cached prefixes."""
+        return self.width - self.suffix_ids.shape[1]
 
 
 def plan_reuse(cache, distinct, layout, config, dtype) -> "Reuse | None":
     """Matches each distinct prompt against `cache`; None when no prompt reuses anything.
 
     The prefilled width W = P + T is a prompt-length bucket (so the decode programs are
-    those of a plain call) with T the bucket of the longest remaining part.
+    those of a plain call) with T the suffix bucket (`batching.SUFFIX_BUCKET`) of the
+    longest remaining part.
     """
     matches = [cache.match(p) for p in distinct]
     cache.stats["lookups"] += len(distinct)
@@ -186,7 +192,7 @@ def plan_reuse(cache, distinct, layout, config, dtype) -> "Reuse | None":
     starts = np.zeros(height, np.int32)
     starts[: len(distinct)] = [n for _, n in matches]
     rest = [len(p) - 1 - n for p, (_, n) in zip(distinct, matches, strict=True)]
-    suffix_width = batching.bucket_size(max(max(rest), 1), **batching.PROMPT_BUCKET)
+    suffix_width = batching.bucket_size(max(max(rest), 1), **batching.SUFFIX_BUCKET)
     width = batching.bucket_size(int(starts.max()) + suffix_width, **batching.PROMPT_BUCKET)
     prefix_width = width - suffix_width
     layers, heads, head_dim = (
@@ -194,16 +200,18 @@ def plan_reuse(cache, distinct, layout, config, dtype) -> "Reuse | None":
         config.num_key_value_heads,
         config.head_dim,
     )
-    prefix_k = np.zeros((layers, height, heads, prefix_width, head_dim), dtype)
-    prefix_v = np.zeros((layers, height, heads, head_dim, prefix_width), dtype)
-    prefix_mask = np.zeros((height, prefix_width), bool)
+    # P prefix slots and T empty ones, where the prefill writes the suffix.
+    prefix_k = np.zeros((layers, height, heads, width, head_dim), dtype)
+    prefix_v = np.zeros((layers, height, heads, head_dim, width), dtype)
+    prefix_mask = np.zeros((height, width), bool)
     suffix_ids = np.zeros((height, suffix_width), np.int32)
     suffix_mask = np.zeros((height, suffix_width), np.int32)
     for u, (prompt, (entry, n)) in enumerate(zip(distinct, matches, strict=True)):
         if n:
-            prefix_k[:, u, :, prefix_width - n :] = entry.keys[:, :, :n]
-            prefix_v[:, u, :, :, prefix_width - n :] = entry.values[:, :, :, :n]
-            prefix_mask[u, prefix_width - n :] = True
+            cached = slice(prefix_width - n, prefix_width)
+            prefix_k[:, u, :, cached] = entry.keys[:, :, :n]
+            prefix_v[:, u, :, :, cached] = entry.values[:, :, :, :n]
+            prefix_mask[u, cached] = True
         if rest[u]:
             suffix_ids[u, suffix_width - rest[u] :] = prompt[n:-1]
             suffix_mask[u, suffix_width - rest[u] :] = 1
@@ -242,10 +250,13 @@ def store_rows(cache, device_cache, layout, distinct, starts, prefix_width, widt
         u = int(layout.row_source[row])
         prompt, n, length = distinct[u], int(starts[u]), int(lengths[row])
         rest = len(prompt) - 1 - n
-        # Two contiguous runs of slots: the reused prefix, then the rest of the sequence.
+        # Two contiguous runs of slots: the reused prefix, then the rest of the sequence,
+        # copied once into the entry's arrays.
         head, tail = slice(prefix_width - n, prefix_width), slice(width - rest, width + length)
-        cache.add(
-            list(prompt) + tokens[row, : length - 1].tolist(),
-            np.stack([np.concatenate([k[i][:, head], k[i][:, tail]], axis=1) for k in keys]),
-            np.stack([np.concatenate([v[i][..., head], v[i][..., tail]], axis=-1) for v in values]),
-        )
+        size = n + rest + length
+        entry_k = np.empty((len(keys), *keys[0].shape[1:2], size, keys[0].shape[3]), first.dtype)
+        entry_v = np.empty((len(values), *values[0].shape[1:3], size), first.dtype)
+        for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
+            entry_k[layer, :, :n], entry_k[layer, :, n:] = k[i][:, head], k[i][:, tail]
+            entry_v[layer, ..., :n], entry_v[layer, ..., n:] = v[i][..., head], v[i][..., tail]
+        cache.add(list(prompt) + tokens[row, : length - 1].tolist(), entry_k, entry_v)

@@ -69,7 +69,8 @@ def _prefill(graphdef, state, input_ids, mask, row_source, *, cache_len, cache_d
       state: the model's state (parameters).
       input_ids: [U, W] prompts without their last token, left-padded.
       mask: [U, W] 1 on those tokens.
-      row_source: [B] prompt index of every decode row.
+      row_source: [B] prompt index of every decode row, or None when row b is prompt b
+        (one sample per prompt and as many rows as prompts: nothing to copy).
       cache_len: S, cache slots (W plus the first decode segment's steps).
       cache_dtype: dtype of cached keys and values.
 
@@ -89,8 +90,14 @@ def _prefill(graphdef, state, input_ids, mask, row_source, *, cache_len, cache_d
         last_only=True,
         cache_is_empty=True,
     )
-    cache = jax.tree.map(lambda x: jnp.take(x, row_source, axis=0), cache)
-    return _constrain_cache(cache)
+    return _constrain_cache(_to_rows(cache, row_source))
+
+
+def _to_rows(cache: kv_cache.KVCache, row_source) -> kv_cache.KVCache:
+    """The cache of each decode row (a copy of its prompt's), or `cache` itself for None."""
+    if row_source is None:
+        return cache
+    return jax.tree.map(lambda x: jnp.take(x, row_source, axis=0), cache)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "cache_len"))
@@ -103,13 +110,14 @@ def _prefill_extend(
     Args:
       graphdef: the model's static graph definition.
       state: the model's state (parameters).
-      prefix_k: L arrays [U, K, P, H], each prompt's cached prefix right-aligned in P slots.
-      prefix_v: L arrays [U, K, H, P], the same for values.
-      prefix_mask: [U, P] bool, True on cached prefix slots.
+      prefix_k: L arrays [U, K, P + T, H], each prompt's cached prefix right-aligned in
+        the first P slots; the last T slots are empty (the new tokens are written there).
+      prefix_v: L arrays [U, K, H, P + T], the same for values.
+      prefix_mask: [U, P + T] bool, True on cached prefix slots.
       input_ids: [U, T] the rest of each prompt but its last token, left-padded.
       mask: [U, T] 1 on those tokens.
       starts: [U] int32 length of each prompt's prefix (the position of its first new token).
-      row_source: [B] prompt index of every decode row.
+      row_source: [B] prompt index of every decode row, or None (row b is prompt b).
       cache_len: S, cache slots (P + T plus the first decode segment's steps).
 
     Returns:
@@ -117,13 +125,10 @@ def _prefill_extend(
     """
     _TRACES["prefill_extend"] += 1
     model = nnx.merge(graphdef, state)
-    width = prefix_mask.shape[1]
-    extra = cache_len - width
-    cache = kv_cache.KVCache(
-        k=tuple(jnp.pad(k, ((0, 0), (0, 0), (0, extra), (0, 0))) for k in prefix_k),
-        v=tuple(jnp.pad(v, ((0, 0), (0, 0), (0, 0), (0, extra))) for v in prefix_v),
-        mask=jnp.pad(prefix_mask, ((0, 0), (0, extra))),
-    )
+    width = prefix_mask.shape[1] - input_ids.shape[1]
+    # The model runs on a cache of exactly the prefix and the new tokens (P + T slots), so
+    # attention reads no empty decode slot; the decode room is added afterwards.
+    cache = kv_cache.KVCache(k=tuple(prefix_k), v=tuple(prefix_v), mask=prefix_mask)
     positions = starts[:, None] + jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
     _, cache = model.decode(
         input_ids,
@@ -133,8 +138,7 @@ def _prefill_extend(
         attention_mask=mask,
         last_only=True,
     )
-    cache = jax.tree.map(lambda x: jnp.take(x, row_source, axis=0), cache)
-    return _constrain_cache(cache)
+    return _constrain_cache(kv_cache.grow(_to_rows(cache, row_source), cache_len))
 
 
 def _constrain_cache(cache: kv_cache.KVCache) -> kv_cache.KVCache:
@@ -454,6 +458,9 @@ def generate(
         input_ids = jnp.asarray(layout.input_ids)
         mask = jnp.asarray(layout.mask)
         row_source = jnp.asarray(layout.row_source)
+        identity = len(layout.row_source) == len(layout.input_ids) and np.array_equal(
+            layout.row_source, np.arange(len(layout.row_source))
+        )
         if reuse is None:
             prefill_tokens, reused_tokens = sum(len(p) - 1 for p in distinct), 0
             cache = _prefill(
@@ -461,7 +468,7 @@ def generate(
                 state,
                 input_ids,
                 mask,
-                row_source,
+                None if identity else row_source,
                 cache_len=width + rooms[0],
                 cache_dtype=jnp.dtype(cache_dtype),
             )
@@ -478,7 +485,7 @@ def generate(
                 jnp.asarray(reuse.suffix_ids),
                 jnp.asarray(reuse.suffix_mask),
                 jnp.asarray(reuse.starts),
-                row_source,
+                None if identity else row_source,
                 cache_len=width + rooms[0],
             )
         jax.block_until_ready(cache)
@@ -520,7 +527,7 @@ def generate(
     tokens, logprobs, plain, lengths, stopped = (np.asarray(x) for x in results)
     decoded = time.perf_counter()
     if prefix_cache is not None:
-        prefix_width = 0 if reuse is None else reuse.prefix_mask.shape[1]
+        prefix_width = 0 if reuse is None else reuse.prefix_width
         starts = np.zeros(len(distinct), np.int64) if reuse is None else reuse.starts
         prefix_cache_lib.store_rows(
             prefix_cache, carry["cache"], layout, distinct, starts, prefix_width, width,
