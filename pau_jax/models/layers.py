@@ -216,8 +216,8 @@ def attend(
     q = q.reshape(b, t, kv_heads, n // kv_heads, h)
     lowest = jnp.finfo(jnp.float32).min
 
-    def scores(keys, allowed):
-        dot = jnp.einsum("btkgh,bksh->bkgts", q, keys, preferred_element_type=jnp.float32)
+    def scores(keys, allowed, layout="bkgts"):
+        dot = jnp.einsum(f"btkgh,bksh->{layout}", q, keys, preferred_element_type=jnp.float32)
         return jnp.where(allowed, dot * (h**-0.5), lowest)
 
     logits = scores(k, mask[:, None, None, :, :])
@@ -235,8 +235,7 @@ def attend(
     slots = "bkgts" if t == 1 else "bksgt"
     slot_axis = slots.index("s")
     allowed = cache_mask[:, None, None, None, :] if t == 1 else cache_mask[:, None, :, None, None]
-    cached = jnp.einsum(f"btkgh,bksh->{slots}", q, keys, preferred_element_type=jnp.float32)
-    cached = jnp.where(allowed, cached * (h**-0.5), lowest)
+    cached = scores(keys, allowed, slots)
     top = jnp.maximum(cached.max(axis=slot_axis), logits.max(axis=-1))  # [B, K, G, T]
     weights_cached = jnp.exp(cached - jnp.expand_dims(top, slot_axis))
     weights_new = jnp.exp(logits - top[..., None])

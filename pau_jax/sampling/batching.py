@@ -87,6 +87,13 @@ class BatchLayout:
     num_distinct: int
     prompts: tuple[tuple[int, ...], ...] = ()
 
+    @property
+    def rows_are_prompts(self) -> bool:
+        """Whether decode row b is prompt b for every b (nothing to copy between them)."""
+        return len(self.row_source) == len(self.input_ids) and bool(
+            (self.row_source == np.arange(len(self.row_source))).all()
+        )
+
 
 def prompts_as_lists(prompts, prompt_mask=None) -> list[list[int]]:
     """Normalises prompts to a list of token-id lists.

@@ -254,8 +254,9 @@ def store_rows(cache, device_cache, layout, distinct, starts, prefix_width, widt
         # copied once into the entry's arrays.
         head, tail = slice(prefix_width - n, prefix_width), slice(width - rest, width + length)
         size = n + rest + length
-        entry_k = np.empty((len(keys), *keys[0].shape[1:2], size, keys[0].shape[3]), first.dtype)
-        entry_v = np.empty((len(values), *values[0].shape[1:3], size), first.dtype)
+        _, heads, _, head_dim = first.shape
+        entry_k = np.empty((len(keys), heads, size, head_dim), first.dtype)
+        entry_v = np.empty((len(values), heads, head_dim, size), first.dtype)
         for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
             entry_k[layer, :, :n], entry_k[layer, :, n:] = k[i][:, head], k[i][:, tail]
             entry_v[layer, ..., :n], entry_v[layer, ..., n:] = v[i][..., head], v[i][..., tail]

@@ -458,9 +458,6 @@ def generate(
         input_ids = jnp.asarray(layout.input_ids)
         mask = jnp.asarray(layout.mask)
         row_source = jnp.asarray(layout.row_source)
-        identity = len(layout.row_source) == len(layout.input_ids) and np.array_equal(
-            layout.row_source, np.arange(len(layout.row_source))
-        )
         if reuse is None:
             prefill_tokens, reused_tokens = sum(len(p) - 1 for p in distinct), 0
             cache = _prefill(
@@ -468,7 +465,7 @@ def generate(
                 state,
                 input_ids,
                 mask,
-                None if identity else row_source,
+                None if layout.rows_are_prompts else row_source,
                 cache_len=width + rooms[0],
                 cache_dtype=jnp.dtype(cache_dtype),
             )
@@ -485,7 +482,7 @@ def generate(
                 jnp.asarray(reuse.suffix_ids),
                 jnp.asarray(reuse.suffix_mask),
                 jnp.asarray(reuse.starts),
-                None if identity else row_source,
+                None if layout.rows_are_prompts else row_source,
                 cache_len=width + rooms[0],
             )
         jax.block_until_ready(cache)
