@@ -149,7 +149,15 @@ def test_build_dataset(tmp_path):
 
 def test_evaluate_a_checkpoint_directory(tmp_path, data_dir, checkpoint):
     commands = readme_commands("Evaluate a Qwen3 checkpoint directory")
-    assert len(commands) == 3
+    assert len(commands) == 4
+    # The CPU example on SmolLM2 (timed in docs/benchmarks.md): self-graded, debug tasks.
+    smollm2 = _parse(_argv(commands[3]))
+    for binding in (
+        "EpisodeConfig.call_budget = 6", "LIMIT = 4", "MAX_NEW_TOKENS = 200",
+        "JUDGE = 'self'", "CODER = 'self'", "DATASET_CONFIG = 'debug'",
+        "policy/LocalBackendConfig.dtype = 'float32'",
+    ):  # fmt: skip
+        assert binding in smollm2, binding
     # The tiny checkpoint in every seat (agent, judge, coder), float32 on the CPU.
     tiny = [
         f"--gin.CHECKPOINT='{checkpoint}'",

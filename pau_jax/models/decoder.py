@@ -233,14 +233,23 @@ class Backbone(nnx.Module):
         )
 
     def __call__(
-        self, input_ids, *, positions, mask, cache=None, cache_index=None, cache_mask=None
+        self,
+        input_ids,
+        *,
+        positions,
+        mask,
+        cache=None,
+        cache_index=None,
+        cache_mask=None,
+        write_mask=None,
     ):
         """Maps [B, T] ids to ([B, T, D] normed hidden states, updated (keys, values) or None).
 
         ``mask`` is [B, T, T] (which of the T tokens each attends to); ``cache`` is None
         or (keys, values), L arrays [B, K, S, H] and [B, K, H, S], that the tokens are
-        written into from slot ``cache_index``; ``cache_mask`` ([B, S] or None) is which
-        cached slots they also attend to (see ``layers.Attention``).
+        written into from slot ``cache_index`` (only those in ``write_mask``, [B, T] or
+        None for all); ``cache_mask`` ([B, S] or None) is which cached slots they also
+        attend to (see ``layers.Attention``).
         """
         x = sharding.constrain(self.embed_tokens(input_ids), layers.ACTIVATION_AXES)
         keys, values = [], []
@@ -253,6 +262,7 @@ class Backbone(nnx.Module):
                 cache=layer_cache,
                 cache_index=cache_index,
                 cache_mask=cache_mask,
+                write_mask=write_mask,
             )
             if new is not None:
                 keys.append(new[0])
@@ -327,12 +337,19 @@ class Decoder(nnx.Module):
         attention_mask=None,
         last_only: bool = False,
         cache_is_empty: bool = False,
+        overlay: bool = False,
     ) -> tuple[jax.Array, kv_cache.KVCache]:
         """Runs T new tokens against a KV cache (prefill when the cache is empty).
 
         New tokens occupy slots [cache_index, cache_index + T). A new token attends to
         the cached slots before ``cache_index`` whose slot mask is True and to the new
         tokens up to itself that are real.
+
+        With ``overlay``, the T slots may already hold cached tokens where the new tokens
+        are padding: a left-padded block of new tokens laid over the end of a cached
+        prefix, so that every row's sequence ends at the same slot. Only real new tokens
+        are written (the other slots keep their keys, values and mask), and the new tokens
+        attend to every cached slot whose mask is True, inside the block too.
 
         Args:
           input_ids: [B, T] int32 new tokens.
@@ -343,6 +360,8 @@ class Decoder(nnx.Module):
           last_only: return logits of the last new position only.
           cache_is_empty: static; True when no slot holds a token yet, so the new tokens
             attend only to each other (a prefill then costs T x T scores, not T x S).
+          overlay: static; see above. The cache's True slots must all precede the new
+            tokens in the sequence (their positions are smaller).
 
         Returns:
           ([B, T, V] or [B, 1, V] float32 logits, updated cache).
@@ -351,7 +370,10 @@ class Decoder(nnx.Module):
         real = jnp.ones(input_ids.shape, bool) if attention_mask is None else attention_mask
         real = real.astype(bool)
         mask = jnp.tril(jnp.ones((t, t), bool))[None, :, :] & real[:, None, :]
-        earlier = cache.mask & (jnp.arange(cache.max_len) < cache_index)[None, :]
+        if overlay:
+            earlier = cache.mask
+        else:
+            earlier = cache.mask & (jnp.arange(cache.max_len) < cache_index)[None, :]
         hidden, (keys, values) = self.model(
             input_ids,
             positions=positions,
@@ -359,10 +381,14 @@ class Decoder(nnx.Module):
             cache=(cache.k, cache.v),
             cache_index=cache_index,
             cache_mask=None if cache_is_empty else earlier,
+            write_mask=real if overlay else None,
         )
         if last_only:
             hidden = hidden[:, -1:]
-        slot_mask = jax.lax.dynamic_update_slice(cache.mask, real, (0, cache_index))
+        written = real
+        if overlay:
+            written = real | jax.lax.dynamic_slice(cache.mask, (0, cache_index), real.shape)
+        slot_mask = jax.lax.dynamic_update_slice(cache.mask, written, (0, cache_index))
         new_cache = kv_cache.KVCache(k=keys, v=values, mask=slot_mask)
         return self._decode_logits(hidden), new_cache
 

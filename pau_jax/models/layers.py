@@ -280,6 +280,7 @@ class Attention(nnx.Module):
         cache: KV | None = None,
         cache_index: jax.Array | int | None = None,
         cache_mask: jax.Array | None = None,
+        write_mask: jax.Array | None = None,
     ) -> tuple[jax.Array, KV | None]:
         """Attends T new tokens to themselves and to cached ones, and writes them into the cache.
 
@@ -291,6 +292,9 @@ class Attention(nnx.Module):
           cache_index: slot of the first new token in the cache (may be traced).
           cache_mask: [B, S] bool, the cached slots the new tokens attend to (all of them
             precede the new tokens); None attends to no cached slot (an empty cache).
+          write_mask: [B, T] bool, which new tokens are written into their slots; the
+            others keep what the cache holds there (a left-padded block laid over the end
+            of cached tokens). None writes all T.
 
         Returns:
           ([B, T, D] output, updated (keys, values) or None).
@@ -311,11 +315,16 @@ class Attention(nnx.Module):
         new_cache = None
         if cache is not None:
             keys, values = cache
+            k, v = k.astype(keys.dtype), v.astype(values.dtype)
+            key_at, value_at = (0, 0, cache_index, 0), (0, 0, 0, cache_index)
+            if write_mask is not None:
+                old_k = jax.lax.dynamic_slice(keys, key_at, k.shape)
+                old_v = jax.lax.dynamic_slice(values, value_at, v.shape)
+                k = jnp.where(write_mask[:, None, :, None], k, old_k)
+                v = jnp.where(write_mask[:, None, None, :], v, old_v)
             new_cache = (
-                jax.lax.dynamic_update_slice(keys, k.astype(keys.dtype), (0, 0, cache_index, 0)),
-                jax.lax.dynamic_update_slice(
-                    values, v.astype(values.dtype), (0, 0, 0, cache_index)
-                ),
+                jax.lax.dynamic_update_slice(keys, k, key_at),
+                jax.lax.dynamic_update_slice(values, v, value_at),
             )
         out = sharding.constrain(
             out.reshape(b, t, self.num_heads * self.head_dim), ("batch", "length", "act_heads")
@@ -351,7 +360,9 @@ class DecoderLayer(nnx.Module):
         )
         self.mlp = (mlp_class or MLP)(config, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, *, positions, mask, cache=None, cache_index=None, cache_mask=None):
+    def __call__(
+        self, x, *, positions, mask, cache=None, cache_index=None, cache_mask=None, write_mask=None
+    ):
         """Maps [B, T, D] to ([B, T, D], updated cache or None); see ``Attention``."""
         attn, new_cache = self.self_attn(
             self.input_layernorm(x),
@@ -360,6 +371,7 @@ class DecoderLayer(nnx.Module):
             cache=cache,
             cache_index=cache_index,
             cache_mask=cache_mask,
+            write_mask=write_mask,
         )
         x = x + attn
         x = x + self.mlp(self.post_attention_layernorm(x))

@@ -13,8 +13,8 @@ import numpy as np
 
 PROMPT_BUCKET = dict(minimum=32, granularity=512)
 # The part of a prompt prefilled after a cached prefix: usually one reply and a new turn,
-# a few hundred tokens, so finer steps beyond 128 waste fewer padded tokens.
-SUFFIX_BUCKET = dict(minimum=32, granularity=128)
+# a few hundred tokens, so finer steps beyond 64 waste fewer padded tokens.
+SUFFIX_BUCKET = dict(minimum=32, granularity=64)
 NEW_TOKENS_BUCKET = dict(minimum=16, granularity=512)
 BATCH_BUCKET = dict(minimum=1, granularity=64)
 # The first cache holds at least this many new tokens, and at least W / FIRST_ROOM_FRACTION.

@@ -5,50 +5,98 @@ the conversation re-rendered from the episode's state: the same system prompt, f
 header, examples and calls so far, then the newest call and the phase's instruction. Without
 reuse, every phase re-encodes the whole prompt, so an episode's prefill work grows with the
 square of its length. A `PrefixCache` keeps, for each recent sequence (a prompt and the
-reply sampled after it), the keys and values the model computed for its tokens; a new
+reply sampled after it), where the model's keys and values for its tokens are; a new
 prompt is matched against all of them (longest common token prefix, as vLLM's automatic
 prefix caching does, without block hashing) and only the tokens after the match are
 prefilled (`sampling.generate(..., prefix_cache=...)`).
 
-Entries live on the host as numpy arrays in the cache layout of `kv_cache.KVCache`, keys
-[L, K, n, H] and values [L, K, H, n]. The cache is bound to the model weights it was filled
-with: a call with different parameter arrays (an optimizer step, new adapters) empties it.
-Least-recently-used entries are dropped beyond `max_bytes`.
+The keys and values stay on the device, in the final decode cache of the call that
+computed them (a `Block`, shared by the entries of that call's rows): a row's prompt and
+reply fill one contiguous run of its slots. A reusing call gathers each prompt's matched
+run into the layout of a plain prefill (the prompt right-aligned at the prompt-bucket width
+W, `batching.layout_batch`), so it runs the same decode programs on caches of the same size
+as a call without reuse; nothing is copied to or from the host.
+
+The cache is bound to the model weights it was filled with: a call with different
+parameter arrays (an optimizer step, new adapters) empties it. Least-recently-used entries
+are dropped beyond `max_bytes`; a block's memory counts once, for as long as an entry uses it.
 """
 
 import collections
 import dataclasses
+import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from pau_jax.sampling import batching
 
 
-@dataclasses.dataclass
-class Entry:
-    """One cached sequence.
+@dataclasses.dataclass(eq=False)
+class Block:
+    """Device keys and values of one call's rows (a decode cache, `kv_cache.KVCache` layout).
 
     Attributes:
-      tokens: [n] int32 ids whose keys and values are held.
-      keys: [L, K, n, H] rotated keys.
-      values: [L, K, H, n] values (transposed, the cache layout).
+      k: L arrays [B, K, S, H], rotated keys.
+      v: L arrays [B, K, H, S], values (transposed).
     """
 
-    tokens: np.ndarray
-    keys: np.ndarray
-    values: np.ndarray
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
 
     @property
     def nbytes(self) -> int:
-        return self.tokens.nbytes + self.keys.nbytes + self.values.nbytes
+        return sum(x.nbytes for x in self.k + self.v)
+
+    @property
+    def num_rows(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.k[0].shape[2]
+
+    def first_rows(self, m: int) -> "Block":
+        """A block of rows [0, m) (a copy)."""
+        return Block(tuple(k[:m] for k in self.k), tuple(v[:m] for v in self.v))
+
+
+@dataclasses.dataclass(eq=False)
+class Entry:
+    """One cached sequence: its tokens and the run of a block's slots holding their keys.
+
+    Attributes:
+      tokens: [n] int32 ids.
+      block: the block holding their keys and values.
+      row: the block row.
+      start: the slot of token 0; token i is in slot start + i.
+    """
+
+    tokens: np.ndarray
+    block: Block
+    row: int
+    start: int
+
+    @property
+    def keys(self) -> np.ndarray:
+        """[L, K, n, H] the tokens' keys, read back from the device."""
+        run = slice(self.start, self.start + len(self.tokens))
+        return np.stack([np.asarray(k[self.row, :, run]) for k in self.block.k])
+
+    @property
+    def values(self) -> np.ndarray:
+        """[L, K, H, n] the tokens' values (transposed), read back from the device."""
+        run = slice(self.start, self.start + len(self.tokens))
+        return np.stack([np.asarray(v[self.row, :, :, run]) for v in self.block.v])
 
 
 class PrefixCache:
     """Recent sequences' keys and values, matched by longest common token prefix.
 
     Args:
-      max_bytes: memory budget of the entries; least recently used ones are dropped.
+      max_bytes: memory budget of the entries (their blocks and token ids); least
+        recently used entries are dropped beyond it.
       min_reuse: a match shorter than this many tokens is not reused (the prompt is
         prefilled whole); reusing a handful of tokens saves less than it costs.
     """
@@ -71,10 +119,12 @@ class PrefixCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values())
+        """Bytes held: each distinct block once, plus the entries' token ids."""
+        blocks = {id(e.block): e.block.nbytes for e in self._entries.values()}
+        return sum(blocks.values()) + sum(e.tokens.nbytes for e in self._entries.values())
 
     def clear(self) -> None:
-        """Drops every entry."""
+        """Drops every entry (and with them the blocks)."""
         self._entries.clear()
 
     def bind(self, state, dtype) -> None:
@@ -126,23 +176,27 @@ class PrefixCache:
         self._entries.move_to_end(best)
         return self._entries[best], best_len
 
-    def add(self, tokens, keys: np.ndarray, values: np.ndarray) -> None:
+    def add(self, tokens, block: Block, row: int, start: int) -> bool:
         """Stores one sequence; drops entries it extends and the oldest beyond the budget.
 
         Args:
           tokens: [n] ids.
-          keys: [L, K, n, H].
-          values: [L, K, H, n].
+          block: the block holding their keys and values.
+          row: the block row.
+          start: the slot of the first token (the n tokens fill [start, start + n)).
+
+        Returns:
+          Whether the entry was stored (False when its block alone exceeds the budget).
         """
-        entry = Entry(np.asarray(tokens, np.int32), keys, values)
+        entry = Entry(np.asarray(tokens, np.int32), block, int(row), int(start))
         n = len(entry.tokens)
-        if keys.shape[2] != n or values.shape[3] != n:
+        if not (0 <= entry.row < block.num_rows and 0 <= entry.start <= block.num_slots - n):
             raise ValueError(
-                f"{n} tokens but keys {keys.shape} / values {values.shape} (expect n at "
-                "axis 2 of keys and axis 3 of values)"
+                f"{n} tokens from slot {start} of row {row} do not fit a block of "
+                f"{block.num_rows} rows x {block.num_slots} slots"
             )
-        if entry.nbytes > self.max_bytes:
-            return
+        if block.nbytes + entry.tokens.nbytes > self.max_bytes:
+            return False
         for key in [
             k
             for k, e in self._entries.items()
@@ -151,113 +205,143 @@ class PrefixCache:
             del self._entries[key]
         self._entries[self._next_id] = entry
         self._next_id += 1
-        total = self.nbytes
-        while total > self.max_bytes:
-            _, dropped = self._entries.popitem(last=False)
-            total -= dropped.nbytes
+        while self.nbytes > self.max_bytes:
+            self._entries.popitem(last=False)
             self.stats["evictions"] += 1
+        return True
+
+
+@functools.partial(jax.jit, static_argnames=("width",))
+def _gather(keys, values, rows, offsets, lo, hi, into=None, *, width):
+    """Each prompt's reused run of a block, moved to its slots of a prefill of `width` slots.
+
+    Output slot w of prompt u holds block slot w + offsets[u] of block row rows[u] for w in
+    [lo[u], hi[u]), and `into` (zeros when None) elsewhere. One prompt at a time
+    (`lax.map`): per layer a shifted window of one block row, a contiguous copy.
+
+    Args:
+      keys: L block arrays [B, K, S, H].
+      values: L block arrays [B, K, H, S].
+      rows, offsets, lo, hi: [U] int32.
+      into: None or (L arrays [U, K, width, H], L arrays [U, K, H, width]) kept outside
+        the runs (the runs of other blocks).
+      width: the prefill's slots.
+
+    Returns:
+      (L arrays [U, K, width, H], L arrays [U, K, H, width]).
+    """
+    slots = jnp.arange(width)
+
+    def one_prompt(args):
+        row, offset, first, end, *kept = args
+        run = (slots >= first) & (slots < end)
+        # Padding by `width` both sides keeps the window start (offset + width) in range.
+        out_k = []
+        for layer, k in enumerate(keys):
+            src = jnp.pad(jax.lax.dynamic_index_in_dim(k, row, 0, keepdims=False),
+                          ((0, 0), (width, width), (0, 0)))  # fmt: skip
+            window = jax.lax.dynamic_slice_in_dim(src, offset + width, width, axis=1)
+            other = kept[0][layer] if kept else jnp.zeros_like(window)
+            out_k.append(jnp.where(run[None, :, None], window, other))
+        out_v = []
+        for layer, v in enumerate(values):
+            src = jnp.pad(jax.lax.dynamic_index_in_dim(v, row, 0, keepdims=False),
+                          ((0, 0), (0, 0), (width, width)))  # fmt: skip
+            window = jax.lax.dynamic_slice_in_dim(src, offset + width, width, axis=2)
+            other = kept[1][layer] if kept else jnp.zeros_like(window)
+            out_v.append(jnp.where(run[None, None, :], window, other))
+        return tuple(out_k), tuple(out_v)
+
+    xs = (rows, offsets, lo, hi) + (() if into is None else (tuple(into[0]), tuple(into[1])))
+    return jax.lax.map(one_prompt, xs)
 
 
 @dataclasses.dataclass(frozen=True)
 class Reuse:
-    """Host arrays of a prefill on top of cached prefixes (see `sampler._prefill_extend`)."""
+    """The arrays of a prefill on top of cached prefixes (see `sampler._prefill_extend`).
 
-    prefix_k: np.ndarray  # [L, U, K, P + T, H], the last T slots empty
-    prefix_v: np.ndarray  # [L, U, K, H, P + T]
-    prefix_mask: np.ndarray  # [U, P + T] bool
+    Prompt u's prefill slots are those of a plain prefill: its first `starts[u]` tokens
+    (reused) from slot W - len(prompt) + 1, the rest right-aligned at W, in the last T
+    slots (the suffix block, left-padded; its padding lies over reused slots or empty ones).
+    """
+
+    prefix_k: tuple[jax.Array, ...]  # L arrays [U, K, W, H], the reused runs
+    prefix_v: tuple[jax.Array, ...]  # L arrays [U, K, H, W]
+    prefix_mask: np.ndarray  # [U, W] bool, True on reused slots
     suffix_ids: np.ndarray  # [U, T] int32
     suffix_mask: np.ndarray  # [U, T] int32
-    starts: np.ndarray  # [U] int32, cached prefix length of each prompt
-    width: int  # P + T, the slot of decode step 0
+    starts: np.ndarray  # [U] int32, reused prefix length of each prompt
 
     @property
-    def prefix_width(self) -> int:
-        """P, the slots of the cached prefixes."""
-        return self.width - self.suffix_ids.shape[1]
+    def width(self) -> int:
+        """W, the prefilled slots (the slot of decode step 0)."""
+        return self.prefix_mask.shape[1]
 
 
-def plan_reuse(cache, distinct, layout, config, dtype) -> "Reuse | None":
+def plan_reuse(cache, distinct, layout) -> "Reuse | None":
     """Matches each distinct prompt against `cache`; None when no prompt reuses anything.
 
-    The prefilled width W = P + T is a prompt-length bucket (so the decode programs are
-    those of a plain call) with T the suffix bucket (`batching.SUFFIX_BUCKET`) of the
-    longest remaining part.
+    The prefill has the plain layout's width W (`layout.input_ids`), so the decode
+    programs and cache sizes are those of a call without reuse; the suffix block is T
+    slots, the suffix bucket (`batching.SUFFIX_BUCKET`) of the longest remaining part
+    (at most W).
     """
     matches = [cache.match(p) for p in distinct]
     cache.stats["lookups"] += len(distinct)
     cache.stats["hits"] += sum(n > 0 for _, n in matches)
     if not any(n for _, n in matches):
         return None
-    height = layout.input_ids.shape[0]
+    height, width = layout.input_ids.shape
     starts = np.zeros(height, np.int32)
     starts[: len(distinct)] = [n for _, n in matches]
     rest = [len(p) - 1 - n for p, (_, n) in zip(distinct, matches, strict=True)]
-    suffix_width = batching.bucket_size(max(max(rest), 1), **batching.SUFFIX_BUCKET)
-    width = batching.bucket_size(int(starts.max()) + suffix_width, **batching.PROMPT_BUCKET)
-    prefix_width = width - suffix_width
-    layers, heads, head_dim = (
-        config.num_hidden_layers,
-        config.num_key_value_heads,
-        config.head_dim,
-    )
-    # P prefix slots and T empty ones, where the prefill writes the suffix.
-    prefix_k = np.zeros((layers, height, heads, width, head_dim), dtype)
-    prefix_v = np.zeros((layers, height, heads, head_dim, width), dtype)
-    prefix_mask = np.zeros((height, width), bool)
+    suffix_width = min(batching.bucket_size(max(max(rest), 1), **batching.SUFFIX_BUCKET), width)
     suffix_ids = np.zeros((height, suffix_width), np.int32)
     suffix_mask = np.zeros((height, suffix_width), np.int32)
+    prefix_mask = np.zeros((height, width), bool)
+    by_block: dict[int, tuple[Block, list[int]]] = {}
     for u, (prompt, (entry, n)) in enumerate(zip(distinct, matches, strict=True)):
+        first = width - (len(prompt) - 1)
         if n:
-            cached = slice(prefix_width - n, prefix_width)
-            prefix_k[:, u, :, cached] = entry.keys[:, :, :n]
-            prefix_v[:, u, :, :, cached] = entry.values[:, :, :, :n]
-            prefix_mask[u, cached] = True
+            prefix_mask[u, first : first + n] = True
+            by_block.setdefault(id(entry.block), (entry.block, []))[1].append(u)
         if rest[u]:
             suffix_ids[u, suffix_width - rest[u] :] = prompt[n:-1]
             suffix_mask[u, suffix_width - rest[u] :] = 1
-    return Reuse(prefix_k, prefix_v, prefix_mask, suffix_ids, suffix_mask, starts, width)
+    gathered = None
+    for block, users in by_block.values():
+        rows, offsets, lo, hi = (np.zeros(height, np.int32) for _ in range(4))
+        for u in users:
+            entry, n = matches[u]
+            lo[u] = width - (len(distinct[u]) - 1)
+            hi[u] = lo[u] + n
+            rows[u], offsets[u] = entry.row, entry.start - lo[u]
+        gathered = _gather(block.k, block.v, rows, offsets, lo, hi, gathered, width=width)
+    return Reuse(*gathered, prefix_mask, suffix_ids, suffix_mask, starts)
 
 
-def store_rows(cache, device_cache, layout, distinct, starts, prefix_width, width, tokens,
-                lengths) -> None:  # fmt: skip
+def store_rows(cache, device_cache, layout, distinct, width, tokens, lengths) -> None:
     """Adds each row's prompt and reply (all but its last token, whose keys were never
-    computed) to `cache`, read from the final decode cache.
+    computed) to `cache`, as runs of the final decode cache (kept on the device).
 
-    A row's prompt occupies slots [P - p, P) (its reused prefix, p tokens) and
-    [W - r, W) (the r tokens prefilled after it), then its last prompt token and reply
-    slots [W, W + length).
+    Row r's prompt fills slots [W - len(prompt) + 1, W) and then, from slot W, its last
+    prompt token and reply: one run up to slot W + length - 1.
     """
-    first = device_cache.k[0]
-    per_token = 2 * len(device_cache.k) * first.shape[1] * first.shape[3] * first.dtype.itemsize
-    # Only the rows the budget can hold leave the device (all of them, usually).
-    rows, total = [], 0
-    for row in range(layout.num_rows):
-        size = (len(distinct[int(layout.row_source[row])]) + int(lengths[row])) * per_token
-        if total + size > cache.max_bytes:
-            break
-        rows.append(row)
-        total += size
-    if not rows:
-        return
-    # `rows` is 0 .. m - 1. On the CPU backend np.asarray reads the cache in place.
-    if len(rows) == layout.num_rows or jax.default_backend() == "cpu":
-        keys = [np.asarray(k) for k in device_cache.k]
-        values = [np.asarray(v) for v in device_cache.v]
-    else:
-        keys = [np.asarray(k[: len(rows)]) for k in device_cache.k]
-        values = [np.asarray(v[: len(rows)]) for v in device_cache.v]
-    for i, row in enumerate(rows):
-        u = int(layout.row_source[row])
-        prompt, n, length = distinct[u], int(starts[u]), int(lengths[row])
-        rest = len(prompt) - 1 - n
-        # Two contiguous runs of slots: the reused prefix, then the rest of the sequence,
-        # copied once into the entry's arrays.
-        head, tail = slice(prefix_width - n, prefix_width), slice(width - rest, width + length)
-        size = n + rest + length
-        _, heads, _, head_dim = first.shape
-        entry_k = np.empty((len(keys), heads, size, head_dim), first.dtype)
-        entry_v = np.empty((len(values), heads, head_dim, size), first.dtype)
-        for layer, (k, v) in enumerate(zip(keys, values, strict=True)):
-            entry_k[layer, :, :n], entry_k[layer, :, n:] = k[i][:, head], k[i][:, tail]
-            entry_v[layer, ..., :n], entry_v[layer, ..., n:] = v[i][..., head], v[i][..., tail]
-        cache.add(list(prompt) + tokens[row, : length - 1].tolist(), entry_k, entry_v)
+    block = Block(tuple(device_cache.k), tuple(device_cache.v))
+    rows = layout.num_rows
+    per_row = block.nbytes // block.num_rows
+    sequences = []
+    for row in range(rows):
+        prompt, length = distinct[int(layout.row_source[row])], int(lengths[row])
+        ids = np.asarray(list(prompt) + tokens[row, : length - 1].tolist(), np.int32)
+        sequences.append((ids, width - (len(prompt) - 1)))
+    ids_bytes = sum(ids.nbytes for ids, _ in sequences)
+    if block.nbytes + ids_bytes > cache.max_bytes:
+        # Only the first rows the budget can hold are kept (their rows copied out).
+        held = np.arange(1, rows + 1) * per_row + np.cumsum([ids.nbytes for ids, _ in sequences])
+        fit = int((held <= cache.max_bytes).sum())
+        if not fit:
+            return
+        block, sequences = block.first_rows(fit), sequences[:fit]
+    for row, (ids, start) in enumerate(sequences):
+        cache.add(ids, block, row, start)

@@ -107,36 +107,41 @@ def _prefill_extend(
 ):  # fmt: skip
     """Like `_prefill`, on top of cached prefixes: only the tokens after them are computed.
 
+    The result has the layout of `_prefill` for the same prompts: prompt u's tokens but
+    its last end at slot W, its reused prefix first, then the T-slot block of new tokens
+    (left-padded), whose padding may lie over reused slots: only real new tokens are
+    written (`Decoder.decode(..., overlay=True)`).
+
     Args:
       graphdef: the model's static graph definition.
       state: the model's state (parameters).
-      prefix_k: L arrays [U, K, P + T, H], each prompt's cached prefix right-aligned in
-        the first P slots; the last T slots are empty (the new tokens are written there).
-      prefix_v: L arrays [U, K, H, P + T], the same for values.
-      prefix_mask: [U, P + T] bool, True on cached prefix slots.
+      prefix_k: L arrays [U, K, W, H], each prompt's reused prefix in its slots.
+      prefix_v: L arrays [U, K, H, W], the same for values.
+      prefix_mask: [U, W] bool, True on reused slots.
       input_ids: [U, T] the rest of each prompt but its last token, left-padded.
       mask: [U, T] 1 on those tokens.
       starts: [U] int32 length of each prompt's prefix (the position of its first new token).
       row_source: [B] prompt index of every decode row, or None (row b is prompt b).
-      cache_len: S, cache slots (P + T plus the first decode segment's steps).
+      cache_len: S, cache slots (W plus the first decode segment's steps).
 
     Returns:
-      KVCache with B rows of S slots: prefixes in [0, P), the rest in [P, P + T).
+      KVCache with B rows of S slots, slots [0, W) filled as by `_prefill`.
     """
     _TRACES["prefill_extend"] += 1
     model = nnx.merge(graphdef, state)
-    width = prefix_mask.shape[1] - input_ids.shape[1]
-    # The model runs on a cache of exactly the prefix and the new tokens (P + T slots), so
-    # attention reads no empty decode slot; the decode room is added afterwards.
+    width = prefix_mask.shape[1]
+    # The model runs on a cache of exactly the W prefill slots, so attention reads no empty
+    # decode slot; the decode room is added afterwards.
     cache = kv_cache.KVCache(k=tuple(prefix_k), v=tuple(prefix_v), mask=prefix_mask)
     positions = starts[:, None] + jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
     _, cache = model.decode(
         input_ids,
         positions=positions,
         cache=cache,
-        cache_index=jnp.int32(width),
+        cache_index=jnp.int32(width - input_ids.shape[1]),
         attention_mask=mask,
         last_only=True,
+        overlay=True,
     )
     return _constrain_cache(kv_cache.grow(_to_rows(cache, row_source), cache_len))
 
@@ -445,14 +450,12 @@ def generate(
     if mesh is not None:
         prefix_cache = None
     distinct = layout.prompts
-    reuse = None
-    if prefix_cache is not None:
-        prefix_cache.bind(state, jnp.dtype(cache_dtype))
-        reuse = prefix_cache_lib.plan_reuse(
-            prefix_cache, distinct, layout, config, jnp.dtype(cache_dtype)
-        )
     with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
         start = time.perf_counter()
+        reuse = None
+        if prefix_cache is not None:
+            prefix_cache.bind(state, jnp.dtype(cache_dtype))
+            reuse = prefix_cache_lib.plan_reuse(prefix_cache, distinct, layout)
         _CALLS["prefill"] += 1
         _CALLS["prefill_rows"] += layout.input_ids.shape[0]
         input_ids = jnp.asarray(layout.input_ids)
@@ -471,13 +474,11 @@ def generate(
             )
         else:
             prefill_tokens, reused_tokens = int(reuse.suffix_mask.sum()), int(reuse.starts.sum())
-            width = reuse.width
-            rooms = batching.cache_rooms(width, buffer_len)
             cache = _prefill_extend(
                 graphdef,
                 state,
-                tuple(jnp.asarray(k) for k in reuse.prefix_k),
-                tuple(jnp.asarray(v) for v in reuse.prefix_v),
+                reuse.prefix_k,
+                reuse.prefix_v,
                 jnp.asarray(reuse.prefix_mask),
                 jnp.asarray(reuse.suffix_ids),
                 jnp.asarray(reuse.suffix_mask),
@@ -524,12 +525,9 @@ def generate(
     tokens, logprobs, plain, lengths, stopped = (np.asarray(x) for x in results)
     decoded = time.perf_counter()
     if prefix_cache is not None:
-        prefix_width = 0 if reuse is None else reuse.prefix_width
-        starts = np.zeros(len(distinct), np.int64) if reuse is None else reuse.starts
         prefix_cache_lib.store_rows(
-            prefix_cache, carry["cache"], layout, distinct, starts, prefix_width, width,
-            tokens, lengths,
-        )  # fmt: skip
+            prefix_cache, carry["cache"], layout, distinct, width, tokens, lengths
+        )
     return _assemble(
         tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings,
         prefill_seconds=prefilled - start, decode_seconds=decoded - prefilled,

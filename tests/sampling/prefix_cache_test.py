@@ -5,11 +5,13 @@ phase's prompt and reply, then differs (a new observation, another instruction).
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 from flax import nnx
 
+from pau_jax.models import kv_cache
 from pau_jax.sampling import generate, prefix_cache, sampler
 
 RNG = np.random.default_rng(7)
@@ -99,34 +101,126 @@ def test_new_weights_empty_the_cache(tiny_model):
     assert cache.stats["invalidations"] == 1 and cache.stats["hits"] == 1
 
 
+def _block(rows, slots, heads=1, head_dim=4, layers=1):
+    keys = jnp.zeros((rows, heads, slots, head_dim), jnp.float32)
+    values = jnp.zeros((rows, heads, head_dim, slots), jnp.float32)
+    return prefix_cache.Block((keys,) * layers, (values,) * layers)
+
+
 def test_match_limits_budget_and_superseded_entries():
     cache = prefix_cache.PrefixCache(max_bytes=10_000, min_reuse=2)
-
-    def kv(n):
-        return np.zeros((1, 1, n, 4), np.float32), np.zeros((1, 1, 4, n), np.float32)
-
-    cache.add([1, 2, 3], *kv(3))
-    cache.add([1, 2, 3, 4, 5], *kv(5))  # extends the first: it replaces it
-    assert len(cache) == 1
+    small = _block(1, 8)  # 256 bytes
+    assert cache.add([1, 2, 3], small, 0, 0)
+    assert cache.add([1, 2, 3, 4, 5], small, 0, 2)  # extends the first: it replaces it
+    assert len(cache) == 1 and cache.nbytes == small.nbytes + 5 * 4
     entry, n = cache.match([1, 2, 3, 4, 5])
-    assert n == 4  # never the prompt's last token
+    assert n == 4 and entry.start == 2  # never the prompt's last token
     assert cache.match([1, 9]) == (None, 0)  # shorter than min_reuse
-    cache.add([7] * 100, *kv(100))  # 100 * 32 + 400 bytes
-    cache.add([8] * 100, *kv(100))
-    cache.add([9] * 100, *kv(100))
+    big = [_block(2, 128) for _ in range(3)]  # 4,096 bytes each, counted once for two rows
+    cache.add([7] * 100, big[0], 0, 0)
+    cache.add([6] * 100, big[0], 1, 0)
+    assert cache.nbytes == small.nbytes + big[0].nbytes + 205 * 4
+    cache.add([8] * 100, big[1], 0, 0)
+    cache.add([9] * 100, big[2], 0, 0)
     assert cache.nbytes <= 10_000 and cache.stats["evictions"] >= 1
     assert cache.match([1, 2, 3, 4, 6]) == (None, 0)  # the oldest went first
-    with pytest.raises(ValueError, match="tokens but keys"):
-        cache.add([1, 2], *kv(3))
+    assert not cache.add([1] * 10, _block(1, 4000), 0, 0)  # alone beyond the budget
+    with pytest.raises(ValueError, match="do not fit"):
+        cache.add([1, 2], small, 0, 7)
+    with pytest.raises(ValueError, match="do not fit"):
+        cache.add([1, 2], small, 1, 0)
 
 
 def test_rows_beyond_the_budget_are_not_stored(tiny_model):
-    config = tiny_model.config
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
-    # Room for one row of the two (prompt + reply, with the token ids), not both.
-    budget = (len(EPISODES[1]) + NEW + 2) * (per_token + 4)
+    roomy = prefix_cache.PrefixCache(min_reuse=8)
+    generate(tiny_model, EPISODES, max_new_tokens=NEW, prefix_cache=roomy)
+    block = next(iter(roomy._entries.values())).block
+    assert len(roomy) == 2 and block.num_rows == 2
+    # Room for one row of the block (and its token ids), not both.
+    budget = block.nbytes // 2 + 4 * (len(EPISODES[0]) + NEW)
     cache = prefix_cache.PrefixCache(max_bytes=budget, min_reuse=8)
     generate(tiny_model, EPISODES, max_new_tokens=NEW, prefix_cache=cache)
     assert len(cache) == 1 and cache.nbytes <= budget
-    _, n = cache.match(EPISODES[0] + [1])
-    assert n == len(EPISODES[0])  # the first row was kept
+    entry, n = cache.match(EPISODES[0] + [1])
+    assert n == len(EPISODES[0]) and entry.block.num_rows == 1  # the first row was kept
+    twin, _ = roomy.match(EPISODES[0] + [1])
+    np.testing.assert_array_equal(entry.keys, twin.keys)
+
+
+def test_a_reusing_call_has_the_cache_layout_of_a_plain_call(tiny_model):
+    """Reuse changes which tokens are computed, not where they sit: every row's run
+    starts and ends at the slots of a plain call, in a decode cache of the same size."""
+    cache = prefix_cache.PrefixCache(min_reuse=8)
+    outs = _phases(tiny_model, cache, rounds=2)
+    assert cache.stats["hits"] >= 2 and outs[-1].reused_tokens > 0
+    last = list(cache._entries.values())[-1].block  # the last call's rows
+    entries = sorted((e for e in cache._entries.values() if e.block is last), key=lambda e: e.row)
+    assert [e.row for e in entries] == [0, 1]
+    prompts = [
+        e.tokens[: len(e.tokens) - len(t) + 1].tolist()
+        for e, t in zip(entries, outs[-1].tokens, strict=True)
+    ]
+    plain = prefix_cache.PrefixCache(min_reuse=8)  # empty: the same prompts prefilled whole
+    generate(tiny_model, prompts, max_new_tokens=NEW, prefix_cache=plain, seed=1)
+    twins = sorted(plain._entries.values(), key=lambda e: e.row)
+    assert plain.stats["hits"] == 0
+    for entry, twin in zip(entries, twins, strict=True):
+        np.testing.assert_array_equal(entry.tokens, twin.tokens)
+        assert (entry.start, entry.block.k[0].shape) == (twin.start, twin.block.k[0].shape)
+
+
+def test_overlay_writes_only_real_new_tokens(tiny_model):
+    """A left-padded block of new tokens laid over the end of a cached prefix gives the
+    cache and logits of a plain prefill; without the overlay the padding would overwrite
+    the prefix's last slots."""
+    config = tiny_model.config
+    seq = jnp.asarray([RNG.integers(1, 128, 50).tolist()], jnp.int32)
+    width, reused, block = 64, 30, 32  # the block's 12 padding slots cover reused ones
+    first = width - 50
+    ids = jnp.zeros((1, width), jnp.int32).at[:, first:].set(seq)
+    real = jnp.zeros((1, width), jnp.int32).at[:, first:].set(1)
+    plain_logits, plain = tiny_model.decode(
+        ids, positions=jnp.maximum(jnp.cumsum(real, -1) - 1, 0),
+        cache=kv_cache.init_cache(config, 1, width), cache_index=jnp.int32(0),
+        attention_mask=real, last_only=True, cache_is_empty=True,
+    )  # fmt: skip
+    kept = (jnp.arange(width) >= first) & (jnp.arange(width) < first + reused)
+    prefix = kv_cache.KVCache(
+        k=tuple(jnp.where(kept[None, None, :, None], k, 0.0) for k in plain.k),
+        v=tuple(jnp.where(kept[None, None, None, :], v, 0.0) for v in plain.v),
+        mask=kept[None, :],
+    )
+    suffix = seq[:, reused:]
+    block_ids = jnp.zeros((1, block), jnp.int32).at[:, block - 20 :].set(suffix)
+    block_mask = jnp.zeros((1, block), jnp.int32).at[:, block - 20 :].set(1)
+    logits, out = tiny_model.decode(
+        block_ids, positions=reused + jnp.maximum(jnp.cumsum(block_mask, -1) - 1, 0),
+        cache=prefix, cache_index=jnp.int32(width - block), attention_mask=block_mask,
+        last_only=True, overlay=True,
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(out.mask), np.asarray(plain.mask))
+    np.testing.assert_allclose(logits, plain_logits, atol=1e-4)
+    used = slice(first, width)  # the plain prefill also writes (junk) keys of its padding
+    for a, b in zip(out.k, plain.k, strict=True):
+        np.testing.assert_allclose(a[:, :, used], b[:, :, used], atol=1e-5)
+    for a, b in zip(out.v, plain.v, strict=True):
+        np.testing.assert_allclose(a[..., used], b[..., used], atol=1e-5)
+
+
+def test_prompts_reusing_runs_of_different_calls(tiny_model):
+    """Two prompts whose prefixes were computed by two earlier calls (two blocks) are
+    gathered into one prefill, and sample what plain calls sample."""
+    cache = prefix_cache.PrefixCache(min_reuse=8)
+    first = generate(tiny_model, [EPISODES[0]], max_new_tokens=NEW, prefix_cache=cache)
+    second = generate(tiny_model, [EPISODES[1]], max_new_tokens=NEW, prefix_cache=cache)
+    assert len({id(e.block) for e in cache._entries.values()}) == 2
+    prompts = [
+        EPISODES[0] + first.tokens[0] + [3, 4, 5],
+        EPISODES[1] + second.tokens[0] + [6, 7],
+    ]
+    reused = generate(tiny_model, prompts, max_new_tokens=NEW, prefix_cache=cache)
+    plain = generate(tiny_model, prompts, max_new_tokens=NEW)
+    assert reused.reused_tokens == sum(len(p) - 3 for p in prompts) - 1
+    assert reused.tokens == plain.tokens
+    for x, y in zip(reused.plain_logprobs, plain.plain_logprobs, strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-5)
