@@ -360,8 +360,9 @@ class Decoder(nnx.Module):
           last_only: return logits of the last new position only.
           cache_is_empty: static; True when no slot holds a token yet, so the new tokens
             attend only to each other (a prefill then costs T x T scores, not T x S).
-          overlay: static; see above. The cache's True slots must all precede the new
-            tokens in the sequence (their positions are smaller).
+          overlay: static; see above. Every True slot of the cache, wherever it lies,
+            must precede the new tokens in the sequence (a smaller position): the cache
+            should end with the block.
 
         Returns:
           ([B, T, V] or [B, 1, V] float32 logits, updated cache).

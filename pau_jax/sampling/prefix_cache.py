@@ -19,7 +19,8 @@ as a call without reuse; nothing is copied to or from the host.
 
 The cache is bound to the model weights it was filled with: a call with different
 parameter arrays (an optimizer step, new adapters) empties it. Least-recently-used entries
-are dropped beyond `max_bytes`; a block's memory counts once, for as long as an entry uses it.
+are dropped beyond `max_bytes`, each with the other entries of its block (a block's memory
+counts once, for as long as an entry uses it).
 """
 
 import collections
@@ -31,6 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from pau_jax.sampling import batching
+
+_TRACES: collections.Counter = collections.Counter()
+
+
+def trace_counts() -> dict[str, int]:
+    """How many times the gather of reused runs was traced (compiled) so far."""
+    return dict(_TRACES)
 
 
 @dataclasses.dataclass(eq=False)
@@ -206,7 +214,11 @@ class PrefixCache:
         self._entries[self._next_id] = entry
         self._next_id += 1
         while self.nbytes > self.max_bytes:
-            self._entries.popitem(last=False)
+            # A block's memory is freed only with its last entry: the least recently used
+            # entry goes with every other entry of its block.
+            _, dropped = self._entries.popitem(last=False)
+            for key in [k for k, e in self._entries.items() if e.block is dropped.block]:
+                del self._entries[key]
             self.stats["evictions"] += 1
         return True
 
@@ -230,6 +242,7 @@ def _gather(keys, values, rows, offsets, lo, hi, into=None, *, width):
     Returns:
       (L arrays [U, K, width, H], L arrays [U, K, H, width]).
     """
+    _TRACES["gather"] += 1
     slots = jnp.arange(width)
 
     def one_prompt(args):
@@ -324,8 +337,8 @@ def store_rows(cache, device_cache, layout, distinct, width, tokens, lengths) ->
     """Adds each row's prompt and reply (all but its last token, whose keys were never
     computed) to `cache`, as runs of the final decode cache (kept on the device).
 
-    Row r's prompt fills slots [W - len(prompt) + 1, W) and then, from slot W, its last
-    prompt token and reply: one run up to slot W + length - 1.
+    Row r's prompt but its last token fills slots [W - len(prompt) + 1, W), and its last
+    prompt token and reply but its last token [W, W + length): one run of slots.
     """
     block = Block(tuple(device_cache.k), tuple(device_cache.v))
     rows = layout.num_rows

@@ -48,8 +48,8 @@ _VALUE_AXES = ("batch", "act_kv_heads", None, "length")
 
 
 def trace_counts() -> dict[str, int]:
-    """How many times the prefill and decode functions were traced (compiled) so far."""
-    return dict(_TRACES)
+    """How many times the prefill, decode and prefix-gather functions were traced so far."""
+    return dict(_TRACES) | prefix_cache_lib.trace_counts()
 
 
 def call_counts() -> dict[str, int]:
@@ -108,9 +108,9 @@ def _prefill_extend(
     """Like `_prefill`, on top of cached prefixes: only the tokens after them are computed.
 
     The result has the layout of `_prefill` for the same prompts: prompt u's tokens but
-    its last end at slot W, its reused prefix first, then the T-slot block of new tokens
-    (left-padded), whose padding may lie over reused slots: only real new tokens are
-    written (`Decoder.decode(..., overlay=True)`).
+    its last fill the slots up to W - 1, its reused prefix first, then the T-slot block of
+    new tokens (left-padded), whose padding may lie over reused slots: only real new tokens
+    are written (`Decoder.decode(..., overlay=True)`).
 
     Args:
       graphdef: the model's static graph definition.

@@ -116,7 +116,7 @@ def test_match_limits_budget_and_superseded_entries():
     entry, n = cache.match([1, 2, 3, 4, 5])
     assert n == 4 and entry.start == 2  # never the prompt's last token
     assert cache.match([1, 9]) == (None, 0)  # shorter than min_reuse
-    big = [_block(2, 128) for _ in range(3)]  # 4,096 bytes each, counted once for two rows
+    big = [_block(2, 128) for _ in range(3)]  # 8,192 bytes each, counted once for two rows
     cache.add([7] * 100, big[0], 0, 0)
     cache.add([6] * 100, big[0], 1, 0)
     assert cache.nbytes == small.nbytes + big[0].nbytes + 205 * 4
@@ -224,3 +224,37 @@ def test_prompts_reusing_runs_of_different_calls(tiny_model):
     assert reused.tokens == plain.tokens
     for x, y in zip(reused.plain_logprobs, plain.plain_logprobs, strict=True):
         np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_reuse_with_samples_a_penalty_and_an_unmatched_prompt(tiny_model):
+    """Two samples per prompt (decode rows copied from their prompt's), a repetition
+    penalty, three prompts (a padded batch bucket) of which one matches nothing (its
+    whole prompt in the new-token block): what plain calls sample."""
+    settings = dict(max_new_tokens=NEW, n_samples=2, repetition_penalty=1.3)
+    cache = prefix_cache.PrefixCache(min_reuse=8)
+    starts = [EPISODES[0], EPISODES[1], SYSTEM[::-1] + [9] * 5]
+    first = generate(tiny_model, starts, prefix_cache=cache, **settings)
+    assert len(cache) >= 3  # the two samples of a prompt are the same greedy sequence
+    prompts = [
+        starts[0] + first.tokens[0] + [3, 4],
+        RNG.integers(1, 128, 70).tolist(),  # longer than any entry, shares nothing
+        starts[2] + first.tokens[4] + [5],
+    ]
+    reused = generate(tiny_model, prompts, prefix_cache=cache, **settings)
+    plain = generate(tiny_model, prompts, **settings)
+    assert 0 < reused.reused_tokens and reused.prefill_tokens >= len(prompts[1]) - 1
+    assert reused.tokens == plain.tokens
+    for x, y in zip(reused.plain_logprobs, plain.plain_logprobs, strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_eviction_frees_a_whole_block():
+    block, other = _block(2, 128), _block(1, 64)  # 8,192 and 2,048 bytes
+    cache = prefix_cache.PrefixCache(max_bytes=block.nbytes + other.nbytes + 160, min_reuse=2)
+    cache.add([1] * 10, block, 0, 0)
+    cache.add([2] * 10, other, 0, 0)
+    cache.add([3] * 10, block, 1, 0)
+    assert len(cache) == 3 and cache.stats["evictions"] == 0
+    cache.add([4] * 10, _block(1, 64), 0, 0)  # over budget: block's two entries go together
+    assert cache.stats["evictions"] == 1 and len(cache) == 2
+    assert cache.match([2] * 11)[1] == 10 and cache.match([3] * 11) == (None, 0)
