@@ -245,25 +245,29 @@ def _gather(keys, values, rows, offsets, lo, hi, into=None, *, width):
     _TRACES["gather"] += 1
     slots = jnp.arange(width)
 
+    def window(block_array, row, offset, slot_axis):
+        # One block row shifted by `offset` slots; padding by `width` on both sides keeps
+        # the window start (offset + width) in range.
+        src = jax.lax.dynamic_index_in_dim(block_array, row, 0, keepdims=False)
+        pad = [(0, 0)] * src.ndim
+        pad[slot_axis] = (width, width)
+        return jax.lax.dynamic_slice_in_dim(
+            jnp.pad(src, pad), offset + width, width, axis=slot_axis
+        )
+
     def one_prompt(args):
         row, offset, first, end, *kept = args
         run = (slots >= first) & (slots < end)
-        # Padding by `width` both sides keeps the window start (offset + width) in range.
-        out_k = []
-        for layer, k in enumerate(keys):
-            src = jnp.pad(jax.lax.dynamic_index_in_dim(k, row, 0, keepdims=False),
-                          ((0, 0), (width, width), (0, 0)))  # fmt: skip
-            window = jax.lax.dynamic_slice_in_dim(src, offset + width, width, axis=1)
-            other = kept[0][layer] if kept else jnp.zeros_like(window)
-            out_k.append(jnp.where(run[None, :, None], window, other))
-        out_v = []
-        for layer, v in enumerate(values):
-            src = jnp.pad(jax.lax.dynamic_index_in_dim(v, row, 0, keepdims=False),
-                          ((0, 0), (0, 0), (width, width)))  # fmt: skip
-            window = jax.lax.dynamic_slice_in_dim(src, offset + width, width, axis=2)
-            other = kept[1][layer] if kept else jnp.zeros_like(window)
-            out_v.append(jnp.where(run[None, None, :], window, other))
-        return tuple(out_k), tuple(out_v)
+
+        def place(arrays, slot_axis, others):
+            inside = run.reshape([width if a == slot_axis else 1 for a in range(3)])
+            return tuple(
+                jnp.where(inside, window(x, row, offset, slot_axis), others[i] if others else 0.0)
+                for i, x in enumerate(arrays)
+            )
+
+        others_k, others_v = kept if kept else (None, None)
+        return place(keys, 1, others_k), place(values, 2, others_v)
 
     xs = (rows, offsets, lo, hi) + (() if into is None else (tuple(into[0]), tuple(into[1])))
     return jax.lax.map(one_prompt, xs)
@@ -284,11 +288,6 @@ class Reuse:
     suffix_ids: np.ndarray  # [U, T] int32
     suffix_mask: np.ndarray  # [U, T] int32
     starts: np.ndarray  # [U] int32, reused prefix length of each prompt
-
-    @property
-    def width(self) -> int:
-        """W, the prefilled slots (the slot of decode step 0)."""
-        return self.prefix_mask.shape[1]
 
 
 def plan_reuse(cache, distinct, layout) -> "Reuse | None":
@@ -312,24 +311,23 @@ def plan_reuse(cache, distinct, layout) -> "Reuse | None":
     suffix_ids = np.zeros((height, suffix_width), np.int32)
     suffix_mask = np.zeros((height, suffix_width), np.int32)
     prefix_mask = np.zeros((height, width), bool)
-    by_block: dict[int, tuple[Block, list[int]]] = {}
+    # Per block the reused runs it holds: prompt u's first n tokens go to [lo, lo + n).
+    runs: dict[int, tuple[Block, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
     for u, (prompt, (entry, n)) in enumerate(zip(distinct, matches, strict=True)):
-        first = width - (len(prompt) - 1)
+        lo = width - (len(prompt) - 1)
         if n:
-            prefix_mask[u, first : first + n] = True
-            by_block.setdefault(id(entry.block), (entry.block, []))[1].append(u)
+            prefix_mask[u, lo : lo + n] = True
+            block = runs.setdefault(
+                id(entry.block), (entry.block, *(np.zeros(height, np.int32) for _ in range(4)))
+            )
+            _, rows, offsets, first, end = block
+            rows[u], offsets[u], first[u], end[u] = entry.row, entry.start - lo, lo, lo + n
         if rest[u]:
             suffix_ids[u, suffix_width - rest[u] :] = prompt[n:-1]
             suffix_mask[u, suffix_width - rest[u] :] = 1
     gathered = None
-    for block, users in by_block.values():
-        rows, offsets, lo, hi = (np.zeros(height, np.int32) for _ in range(4))
-        for u in users:
-            entry, n = matches[u]
-            lo[u] = width - (len(distinct[u]) - 1)
-            hi[u] = lo[u] + n
-            rows[u], offsets[u] = entry.row, entry.start - lo[u]
-        gathered = _gather(block.k, block.v, rows, offsets, lo, hi, gathered, width=width)
+    for block, rows, offsets, first, end in runs.values():
+        gathered = _gather(block.k, block.v, rows, offsets, first, end, gathered, width=width)
     return Reuse(*gathered, prefix_mask, suffix_ids, suffix_mask, starts)
 
 
@@ -341,17 +339,15 @@ def store_rows(cache, device_cache, layout, distinct, width, tokens, lengths) ->
     prompt token and reply but its last token [W, W + length): one run of slots.
     """
     block = Block(tuple(device_cache.k), tuple(device_cache.v))
-    rows = layout.num_rows
-    per_row = block.nbytes // block.num_rows
     sequences = []
-    for row in range(rows):
+    for row in range(layout.num_rows):
         prompt, length = distinct[int(layout.row_source[row])], int(lengths[row])
         ids = np.asarray(list(prompt) + tokens[row, : length - 1].tolist(), np.int32)
         sequences.append((ids, width - (len(prompt) - 1)))
-    ids_bytes = sum(ids.nbytes for ids, _ in sequences)
-    if block.nbytes + ids_bytes > cache.max_bytes:
+    ids_bytes = np.cumsum([ids.nbytes for ids, _ in sequences])
+    if block.nbytes + ids_bytes[-1] > cache.max_bytes:
         # Only the first rows the budget can hold are kept (their rows copied out).
-        held = np.arange(1, rows + 1) * per_row + np.cumsum([ids.nbytes for ids, _ in sequences])
+        held = block.nbytes // block.num_rows * np.arange(1, len(sequences) + 1) + ids_bytes
         fit = int((held <= cache.max_bytes).sum())
         if not fit:
             return
