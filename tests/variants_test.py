@@ -39,6 +39,7 @@ def test_paper_defaults_without_the_overlay(parse):
     episode = _make("pau_jax.env.episode.EpisodeConfig")
     assert (episode.call_budget, episode.history_window, episode.display_mode) == (25, None, "repr")
     assert episode.reflection_sees_newest
+    assert (episode.input_format, episode.failed_input_display) == ("lenient", "error")
     assert gin.query_parameter("pau_jax.experiment.train.advantage_fn").selector.endswith(
         "return_to_go"
     )
@@ -61,6 +62,7 @@ def test_as_released_on_training(parse):
     rl = _make("pau_jax.env.episode.EpisodeConfig", scope="rl")
     assert rl.history_window == 5 and rl.reflection_sees_newest and rl.display_mode == "str"
     assert rl.window_includes_examples and rl.max_steps == 40
+    assert (rl.input_format, rl.failed_input_display) == ("strict", "literal")
     assert gin.query_parameter("pau_jax.experiment.train.advantage_fn").selector.endswith(
         "last_step_broadcast"
     )
@@ -120,6 +122,7 @@ def test_as_released_on_evaluation(parse):
     assert episode.call_budget == 20 and episode.history_window == 10
     assert not episode.reflection_sees_newest and episode.display_mode == "str"
     assert episode.window_includes_examples
+    assert (episode.input_format, episode.failed_input_display) == ("strict", "literal")
     for seat, tokens in (("policy", 300), ("judge", 300), ("coder", 600)):
         sampling = _make("pau_jax.policy.config.SamplingConfig", scope=seat)
         assert sampling.temperature == 0.0 and sampling.repetition_penalty == 1.2, seat

@@ -29,7 +29,7 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-from pau_jax.env import parse, prompts
+from pau_jax.env import input_example, parse, prompts
 from pau_jax.sandbox import parse_call_args, values
 
 
@@ -41,6 +41,7 @@ class Phase(enum.Enum):
 
 
 DISPLAY_MODES = ("repr", "str")
+FAILED_INPUT_DISPLAYS = ("error", "literal")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,6 +63,14 @@ class EpisodeConfig:
         arguments rendered from the parsed values) or 'str' (the released code:
         results with `str`, errors as the message only, and each call as the
         agent's own argument text, examples as Python literals).
+      input_format: how the generation-phase output is read: 'lenient' (pau_jax's
+        default: also a call ``test_func(...)`` in a fence or in prose, ``argN=``
+        keywords, ``arg0 = ...`` lines; the first reading with the function's
+        arity wins, see ``parse.input_candidates``) or 'strict' (one argument
+        text: the last fence, the last ``Input:`` line or a single line).
+      failed_input_display: what later prompts show for an input that did not
+        parse: 'error' (``test_func(?) -> InputParseError: <why>``) or 'literal'
+        (the released code: the agent's text pasted in as the call).
     """
 
     call_budget: int = 25
@@ -70,6 +79,8 @@ class EpisodeConfig:
     window_includes_examples: bool = False
     reflection_sees_newest: bool = True
     display_mode: str = "repr"
+    input_format: str = "lenient"
+    failed_input_display: str = "error"
 
     def __post_init__(self):
         if self.call_budget < 1:
@@ -78,6 +89,15 @@ class EpisodeConfig:
             raise ValueError(f"max_steps must be >= 1 or None, got {self.max_steps}")
         if self.history_window is not None and self.history_window < 1:
             raise ValueError(f"history_window must be >= 1 or None, got {self.history_window}")
+        if self.input_format not in parse.INPUT_FORMATS:
+            raise ValueError(
+                f"input_format must be one of {parse.INPUT_FORMATS}, got {self.input_format!r}"
+            )
+        if self.failed_input_display not in FAILED_INPUT_DISPLAYS:
+            raise ValueError(
+                f"failed_input_display must be one of {FAILED_INPUT_DISPLAYS}, "
+                f"got {self.failed_input_display!r}"
+            )
         if self.display_mode not in DISPLAY_MODES:
             raise ValueError(
                 f"display_mode must be one of {DISPLAY_MODES}, got {self.display_mode!r}"
@@ -96,6 +116,9 @@ class Task:
       header: the anonymised signature.
       n_params: number of arguments.
       examples: the shown examples.
+      shown_args: the argument tuples of the shown examples, from which the
+        generation prompt's example input takes its shape (``input_example``);
+        () gives a generic example of the right arity.
       initial_hypothesis: the hypothesis the episode starts from.
       prior_observations: calls of an earlier episode, shown in every prompt
         (they use none of this episode's budget).
@@ -106,6 +129,7 @@ class Task:
     header: str
     n_params: int
     examples: tuple[prompts.Observation, ...]
+    shown_args: tuple[tuple, ...] = dataclasses.field(default=(), hash=False)
     initial_hypothesis: str = ""
     prior_observations: tuple[prompts.Observation, ...] = ()
     critique: str = ""
@@ -239,6 +263,12 @@ def view(state: EpisodeState, config: EpisodeConfig) -> prompts.EpisodeView:
         observations=observations,
         hypothesis=state.hypothesis,
         reasoning=state.reasoning if state.phase is Phase.GENERATE else "",
+        n_params=state.task.n_params,
+        input_example=(
+            input_example.example_input(state.task.n_params, state.task.shown_args)
+            if state.phase is Phase.GENERATE
+            else ""
+        ),
         calls_left=calls_left(state, config),
         newest_call=newest,
         prior_observations=prior,
@@ -293,6 +323,28 @@ def on_conceptualize(state: EpisodeState, text: str, config: EpisodeConfig) -> E
     return _limit_steps(new, config)
 
 
+def _parse_input(text: str, n_params: int, config: EpisodeConfig) -> tuple[str, tuple | None, str]:
+    """(argument text, argument tuple or None, error) of a generation-phase output.
+
+    'strict' reads one argument text (``parse.extract_input``); 'lenient' tries
+    each of ``parse.input_candidates`` in turn and keeps the first that parses as
+    ``n_params`` arguments (the error is then that of the most likely one).
+    """
+    if config.input_format == "strict":
+        extracted = parse.extract_input(text)
+        texts, error = ([extracted.args_text] if extracted.ok else []), extracted.reason
+    else:
+        texts = parse.input_candidates(text)
+        error = parse.no_input_reason(text)
+    first_error = ""
+    for args_text in texts:
+        try:
+            return args_text, parse_call_args(args_text, n_params), ""
+        except ValueError as e:
+            first_error = first_error or str(e)
+    return (texts[0] if texts else ""), None, first_error or error
+
+
 def on_generate(
     state: EpisodeState, text: str, config: EpisodeConfig
 ) -> tuple[EpisodeState, tuple | None]:
@@ -303,24 +355,19 @@ def on_generate(
     """
     _expect(state, Phase.GENERATE)
     msgs = tuple(messages(state, config))
-    extracted = parse.extract_input(text)
-    error = extracted.reason
-    args = None
-    if extracted.ok:
-        try:
-            args = parse_call_args(extracted.args_text, state.task.n_params)
-        except ValueError as e:
-            error = str(e)
+    args_text, args, error = _parse_input(text, state.task.n_params, config)
     if args is None:
         result = display_error("InputParseError", error, config.display_mode)
-        call = literal_call(extracted.args_text) if extracted.args_text else "test_func(?)"
+        call = "test_func(?)"
+        if args_text and config.failed_input_display == "literal":
+            call = literal_call(args_text)
         step = Step(
             phase=Phase.GENERATE,
             messages=msgs,
             output=text,
             parse_ok=False,
             parse_error=error,
-            input_text=extracted.args_text,
+            input_text=args_text,
             call=call,
             result=result,
             call_ok=False,
@@ -334,7 +381,7 @@ def on_generate(
         )
         return _limit_steps(new, config), None
     if config.display_mode == "str":
-        call = literal_call(extracted.args_text)
+        call = literal_call(args_text)
     else:
         call = render_call(args, config.display_mode)
     step = Step(
@@ -342,7 +389,7 @@ def on_generate(
         messages=msgs,
         output=text,
         parse_ok=True,
-        input_text=extracted.args_text,
+        input_text=args_text,
         call=call,
     )
     new = dataclasses.replace(state, steps=state.steps + (step,), pending_call=call)

@@ -7,7 +7,7 @@ Each phase of the three-phase loop has one builder returning chat messages
 
 import dataclasses
 
-PROMPT_VERSION = "pau-v1"
+PROMPT_VERSION = "pau-v2"
 
 SYSTEM = (
     "You are probing an unknown Python function to work out exactly what it does. "
@@ -43,6 +43,9 @@ class EpisodeView:
         memory baseline's second attempt); () shows no such section.
       critique: advice from critiques of earlier episodes, shown in the
         conceptualisation prompt only ('' shows none).
+      n_params: the function's number of arguments (None: not stated).
+      input_example: the generation prompt's example argument tuple, of the
+        function's arity ('' shows a generic one).
     """
 
     header: str
@@ -54,6 +57,8 @@ class EpisodeView:
     newest_call: str = ""
     prior_observations: tuple[Observation, ...] = ()
     critique: str = ""
+    n_params: int | None = None
+    input_example: str = ""
 
 
 def _format_observations(items: tuple[Observation, ...], empty: str = "(none yet)") -> str:
@@ -99,12 +104,18 @@ def conceptualize_messages(view: EpisodeView) -> list[dict]:
 
 def generate_messages(view: EpisodeView) -> list[dict]:
     """Phase 2: write the argument tuple as Python literals."""
+    n = view.n_params
+    if n is None:
+        arity = "as a Python tuple of literals"
+    else:
+        arity = f"as a Python tuple of exactly {n} literal{'s' if n != 1 else ''}"
+    example = view.input_example or "(3, 'abc', [1, 2])"
     user = (
         f"{_context(view)}\n\n"
         f"Your plan for the next input:\n{view.reasoning or '(none)'}\n\n"
-        "Now write the arguments for the next call as a Python tuple of literals, in a "
-        "fenced block, and nothing else. For example:\n```\n(3, 'abc', [1, 2])\n```\n"
-        "For a function with one argument, write just that value, e.g. ```[1, 2, 3]```."
+        f"Now write the arguments for the next call {arity}, one per parameter of the "
+        "header, in a fenced block, and nothing else: no function definition, no code, "
+        f"no explanation. For example:\n```\n{example}\n```"
     )
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 

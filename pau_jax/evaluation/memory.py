@@ -43,8 +43,9 @@ class MemoryConfig:
     """Settings of the memory baseline.
 
     Attributes:
-      embedder: `policy.embeddings.LocalEmbeddingConfig` (a Qwen3-Embedding
-        checkpoint) or `HTTPEmbeddingConfig` (an `/v1/embeddings` endpoint); required.
+      embedder: `policy.embeddings.LocalEmbeddingConfig` (a Qwen3-Embedding or BERT
+        sentence-embedder checkpoint, e.g. all-MiniLM-L6-v2 from `pau_jax.tools.fetch`)
+        or `HTTPEmbeddingConfig` (an `/v1/embeddings` endpoint); required.
       top_k: train items retrieved per test task (paper and released code: 5).
       max_held_out_shown: held-out calls shown in a critique prompt; None shows all
         (the released code).

@@ -5,17 +5,28 @@ import pathlib
 
 from flax import nnx
 
-from pau_jax.models import decoder, llama, qwen3, qwen3_moe, sharding
+from pau_jax import hub
+from pau_jax.models import (
+    decoder,
+    decoder_config,
+    hf_checkpoint,
+    llama,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+    sharding,
+)
 
-# config.json `model_type` -> its family (`decoder.Family`); the one list of supported models.
-ARCHITECTURES: dict[str, decoder.Family] = {
-    family.model_type: family for family in (qwen3.FAMILY, qwen3_moe.FAMILY, llama.FAMILY)
+# config.json `model_type` -> its family (`hf_checkpoint.Family`); the one list of supported models.
+ARCHITECTURES: dict[str, hf_checkpoint.Family] = {
+    family.model_type: family
+    for family in (qwen3.FAMILY, qwen3_moe.FAMILY, qwen2.FAMILY, llama.FAMILY)
 }
 
 
 def model_type(path: str | pathlib.Path) -> str:
     """The `model_type` of a checkpoint directory (one-line error when it is unsupported)."""
-    config_path = pathlib.Path(path) / "config.json"
+    config_path = hub.resolve(path) / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} not found; expected a Hugging Face model directory")
     kind = json.loads(config_path.read_text()).get("model_type")
@@ -32,13 +43,18 @@ def load_hf(
     mesh=None,
     *,
     rules: sharding.Rules = sharding.LOGICAL_RULES,
-) -> tuple[decoder.Decoder, decoder.DecoderConfig]:
-    """(model, config) of a checkpoint directory of any family (see `decoder.load_hf`)."""
+) -> tuple[decoder.Decoder, decoder_config.DecoderConfig]:
+    """(model, config) of a checkpoint of any family (see `hf_checkpoint.load_hf`).
+
+    ``path`` is a directory or a Hugging Face repo id (``Qwen/Qwen3-8B``), taken from the
+    hub cache and downloaded first when the hub can be reached (``pau_jax.hub``).
+    """
+    path = hub.resolve(path)
     return ARCHITECTURES[model_type(path)].load_hf(path, dtype, mesh, rules=rules)
 
 
 def random_checkpoint(
-    config: decoder.DecoderConfig,
+    config: decoder_config.DecoderConfig,
     path: str | pathlib.Path,
     *,
     seed: int = 0,

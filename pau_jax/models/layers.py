@@ -9,10 +9,12 @@ head axis. ``sharding.py`` maps these names to mesh axes. Activations are
 constrained (``sharding.constrain``) at block boundaries, after the attention
 heads and inside the MLP; without a mesh context these are no-ops.
 
-The modules read their sizes from a ``decoder.DecoderConfig`` (``hidden_size``,
-``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
-``intermediate_size``, ``rms_norm_eps``, ``qk_norm``) and their rotary
-frequencies from its ``rope_frequencies()``, so every family reuses them.
+A linear bias ``[out]`` carries the out axis of its kernel (``("heads",)`` for
+``q_proj``). The modules read their sizes from a ``decoder_config.DecoderConfig``
+(``hidden_size``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
+``intermediate_size``, ``rms_norm_eps``) and the attention variant from its
+``qk_norm`` and ``qkv_bias``, and their rotary frequencies from its
+``rope_frequencies()``, so every family reuses them.
 """
 
 from typing import Any
@@ -74,22 +76,32 @@ def _chunked_gemv(x: jax.Array, kernel: jax.Array) -> jax.Array:
 
 
 class Linear(nnx.Linear):
-    """Bias-free ``nnx.Linear`` ([in, out] kernel) whose output can carry a low-rank adapter.
+    """``nnx.Linear`` ([in, out] kernel, optional [out] bias) whose output can carry a LoRA update.
 
     ``lora`` is ``None`` or a module mapping ``x`` [..., in] to an additive
-    update [..., out] (set by ``lora.apply_lora``).
+    update [..., out] (set by ``lora.apply_lora``). The bias starts at zero.
     """
 
     lora: Any = nnx.data(None)
 
-    def __init__(self, in_features: int, out_features: int, *, axes: Axes, dtype, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        axes: Axes,
+        dtype,
+        rngs: nnx.Rngs,
+        use_bias: bool = False,
+    ):
         super().__init__(
             in_features,
             out_features,
-            use_bias=False,
+            use_bias=use_bias,
             dtype=dtype,
             param_dtype=dtype,
             kernel_init=partitioned(nnx.initializers.normal(INIT_STDDEV), axes),
+            bias_init=partitioned(nnx.initializers.zeros_init(), axes[-1:]),
             rngs=rngs,
         )
         self.lora = None
@@ -98,6 +110,8 @@ class Linear(nnx.Linear):
         """Maps [..., in] to [..., out] in the parameter dtype."""
         if _single_row_unsharded(x) and self.in_features % GEMV_CHUNKS == 0:
             y = _chunked_gemv(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+            if self.bias is not None:
+                y = y + self.bias[...].astype(self.dtype)
         else:
             y = super().__call__(x)
         if self.lora is not None:
@@ -251,7 +265,7 @@ def attend(
 
 
 class Attention(nnx.Module):
-    """Self-attention with GQA, optional per-head q/k RMSNorm before RoPE, and an optional KV cache."""
+    """GQA self-attention; optional q/k/v biases, q/k RMSNorm (before RoPE) and KV cache."""
 
     def __init__(self, config, *, dtype, rngs: nnx.Rngs):
         d, h = config.hidden_size, config.head_dim
@@ -259,9 +273,10 @@ class Attention(nnx.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = n, k, h
         # Static (hashable) so the graph definition stays comparable; exact float32 round trip.
         self.inv_freq = tuple(float(f) for f in config.rope_frequencies())
-        self.q_proj = Linear(d, n * h, axes=("embed", "heads"), dtype=dtype, rngs=rngs)
-        self.k_proj = Linear(d, k * h, axes=("embed", "kv_heads"), dtype=dtype, rngs=rngs)
-        self.v_proj = Linear(d, k * h, axes=("embed", "kv_heads"), dtype=dtype, rngs=rngs)
+        qkv = dict(dtype=dtype, rngs=rngs, use_bias=config.qkv_bias)
+        self.q_proj = Linear(d, n * h, axes=("embed", "heads"), **qkv)
+        self.k_proj = Linear(d, k * h, axes=("embed", "kv_heads"), **qkv)
+        self.v_proj = Linear(d, k * h, axes=("embed", "kv_heads"), **qkv)
         self.o_proj = Linear(n * h, d, axes=("heads", "embed"), dtype=dtype, rngs=rngs)
         if config.qk_norm:
             eps = config.rms_norm_eps

@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from pau_jax.models import decoder, layers
+from pau_jax.models import decoder, decoder_config, hf_checkpoint, layers
 
 # The ``llama3`` RoPE scaling fields: ours -> config.json's (in ``rope_parameters``).
 _SCALING = {
@@ -17,7 +17,7 @@ _SCALING = {
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LlamaConfig(decoder.DecoderConfig):
+class LlamaConfig(decoder_config.DecoderConfig):
     """Architecture of a Llama 3 decoder (field names as in Hugging Face config.json).
 
     ``rope_type`` is "default" (plain RoPE) or "llama3"; the four scaling
@@ -28,7 +28,8 @@ class LlamaConfig(decoder.DecoderConfig):
     model_type = "llama"
     architecture = "LlamaForCausalLM"
     family_name = "Llama"
-    hf_fixed = {"mlp_bias": False, "pretraining_tp": 1}
+    fixed_fields = {"qk_norm": False, "qkv_bias": False}
+    hf_fixed = {"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}
     rope_types = ("default", "llama3")
     default_max_position_embeddings = 2048
 
@@ -40,8 +41,6 @@ class LlamaConfig(decoder.DecoderConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.qk_norm:
-            raise ValueError("Llama has no q/k norm; use qwen3.Qwen3Config for qk_norm=True")
         if self.rope_type not in self.rope_types:
             raise ValueError(f"rope_type must be one of {self.rope_types}, got {self.rope_type!r}")
         if self.rope_type == "llama3":
@@ -122,10 +121,10 @@ PRESETS: dict[str, LlamaConfig] = {
     "3.2-3B": _preset(3072, 8192, 28, 24, tied=True, factor=32.0),
 }
 
-FAMILY = decoder.Family(config=LlamaConfig, presets=PRESETS)
+FAMILY = hf_checkpoint.Family(config=LlamaConfig, presets=PRESETS)
 
 # The model is the shared decoder; its architecture comes from the LlamaConfig it is built with.
 LlamaForCausalLM = decoder.Decoder
-abstract_model = decoder.abstract_model
+abstract_model = hf_checkpoint.abstract_model
 load_hf = FAMILY.load_hf
 save_hf = FAMILY.save_hf

@@ -150,7 +150,7 @@ def merge(model: nnx.Module) -> int:
     """Folds every adapter into its base kernel (``W += A @ B * scale``) and removes it.
 
     Afterwards the model has no ``nnx.LoRAParam`` and computes the same function
-    (up to rounding in the kernel dtype).
+    (up to rounding in the kernel dtype). Biases are left as they are.
 
     Returns:
       The number of merged layers.

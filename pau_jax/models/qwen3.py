@@ -3,28 +3,25 @@
 import dataclasses
 from typing import Any
 
-from pau_jax.models import decoder
+from pau_jax.models import decoder, decoder_config, hf_checkpoint
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Qwen3Config(decoder.DecoderConfig):
+class Qwen3Config(decoder_config.DecoderConfig):
     """Architecture of a Qwen3 dense decoder (field names as in Hugging Face config.json).
 
-    ``qk_norm`` (per-head RMSNorm on queries and keys) is True for every Qwen3 model.
+    ``qk_norm`` (per-head RMSNorm on queries and keys) is True for every Qwen3 model;
+    its linears have no bias.
     """
 
     model_type = "qwen3"
     architecture = "Qwen3ForCausalLM"
     family_name = "Qwen3"
-    hf_fixed = {"use_sliding_window": False}
+    fixed_fields = {"qk_norm": True, "qkv_bias": False}
+    hf_fixed = {"attention_bias": False, "use_sliding_window": False}
     default_max_position_embeddings = 32768
 
     qk_norm: bool = True
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not self.qk_norm:
-            raise ValueError(f"{self.family_name} has q/k norms; qk_norm must be True")
 
     def _to_hf_extra(self) -> dict[str, Any]:
         return {"sliding_window": None, "max_window_layers": self.num_hidden_layers}
@@ -56,13 +53,13 @@ PRESETS: dict[str, Qwen3Config] = {
     "32B": _preset(5120, 25600, 64, 64, False),
 }
 
-FAMILY = decoder.Family(config=Qwen3Config, presets=PRESETS)
+FAMILY = hf_checkpoint.Family(config=Qwen3Config, presets=PRESETS)
 
 # The model is the shared decoder; these names read as the Hugging Face ones.
 Qwen3ForCausalLM = decoder.Decoder
 Qwen3Model = decoder.Backbone
-abstract_model = decoder.abstract_model
-load_weights = decoder.load_weights
+abstract_model = hf_checkpoint.abstract_model
+load_weights = hf_checkpoint.load_weights
 load_hf = FAMILY.load_hf
 # Writes a model of any family under its config's own model_type.
-save_hf = decoder.save_hf
+save_hf = hf_checkpoint.save_hf

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pau_jax.models import decoder, layers, qwen3
+from pau_jax.models import decoder, hf_checkpoint, layers, qwen3
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -242,10 +242,10 @@ PRESETS: dict[str, Qwen3MoeConfig] = {
     ),
 }
 
-FAMILY = decoder.Family(config=Qwen3MoeConfig, presets=PRESETS)
+FAMILY = hf_checkpoint.Family(config=Qwen3MoeConfig, presets=PRESETS)
 
 # The model is the shared decoder; the Qwen3MoeConfig it is built with picks each layer's block.
 Qwen3MoeForCausalLM = decoder.Decoder
-abstract_model = decoder.abstract_model
+abstract_model = hf_checkpoint.abstract_model
 load_hf = FAMILY.load_hf
 save_hf = FAMILY.save_hf

@@ -2,8 +2,9 @@
 
 An NNX parameter path maps to a Hugging Face name by joining its parts with dots
 and renaming the leaf: ``kernel`` (an [in, out] linear kernel, transposed to
-torch's [out, in]), ``embedding`` and ``weight`` all become ``weight``. So
-``model.layers.0.self_attn.q_proj.kernel`` is ``model.layers.0.self_attn.q_proj.weight``.
+torch's [out, in]), ``embedding`` and ``weight`` all become ``weight``; a linear
+``bias`` [out] keeps its name and layout. So ``model.layers.0.self_attn.q_proj.kernel``
+is ``model.layers.0.self_attn.q_proj.weight``.
 
 A kernel whose first logical axis is ``expert`` ([E, in, out]) is a stack of
 per-expert linear kernels. It is written as one tensor per expert, with the
@@ -135,6 +136,8 @@ def hf_name(path: tuple) -> tuple[str, bool]:
         return f"{prefix}.weight", True
     if leaf in ("embedding", "weight"):
         return f"{prefix}.weight", False
+    if leaf == "bias":
+        return f"{prefix}.bias", False
     raise ValueError(f"parameter {'.'.join(map(str, path))} has no Hugging Face name")
 
 

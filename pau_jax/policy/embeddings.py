@@ -1,20 +1,30 @@
-"""Text embedders: a local Qwen3-Embedding checkpoint on the JAX decoder, or an OpenAI-compatible `/v1/embeddings` endpoint.
+"""Text embedders: a local checkpoint on a JAX model (Qwen3-Embedding or a BERT sentence encoder), or an OpenAI-compatible `/v1/embeddings` endpoint.
 
-Both satisfy `Embedder`: `embed(texts) -> [N, D] float32` rows of unit L2 norm,
+All satisfy `Embedder`: `embed(texts) -> [N, D] float32` rows of unit L2 norm,
 in the order of `texts`. The local one tokenizes with the checkpoint's own
-tokenizer (its special tokens included, truncated to `max_length` tokens), pads
-on the left and pools the last token (`models.embedding.pooled`), `batch_size`
-texts per forward pass. The endpoint client sends `batch_size` texts per request
-and retries like `http.HTTPPolicy`; unlike a chat seat it raises when a request
-still fails, since a missing vector cannot be replaced by anything meaningful.
+tokenizer (its special tokens included, truncated to `max_length` tokens) and
+runs `batch_size` texts per forward pass; the checkpoint's config.json
+`model_type` picks the model and its pooling:
 
-    embedder = build_embedder(LocalEmbeddingConfig(checkpoint_dir="/ckpt/Qwen3-Embedding-8B"))
+- "qwen3" (Qwen3-Embedding): the Qwen3 decoder, batches padded on the left, the
+  last token pooled (`models.embedding.pooled`);
+- "bert" (sentence-transformers models such as all-MiniLM-L6-v2): the BERT
+  encoder, batches padded on the right, texts truncated to at most
+  `max_position_embeddings` tokens ([CLS] and [SEP] included), the mean over
+  real tokens pooled (`models.bert.mean_pooled`).
+
+The endpoint client sends `batch_size` texts per request and retries like
+`http.HTTPPolicy`; unlike a chat seat it raises when a request still fails,
+since a missing vector cannot be replaced by anything meaningful.
+
+    embedder = build_embedder(LocalEmbeddingConfig(checkpoint_dir="~/.cache/pau_jax/all-minilm-l6-v2"))
     vectors = embedder.embed(["adds two numbers", "sorts a list"])    # [2, D]
 """
 
 import dataclasses
+import json
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -30,13 +40,15 @@ class Embedder(Protocol):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LocalEmbeddingConfig:
-    """A Qwen3-Embedding checkpoint run by pau_jax's Qwen3 decoder.
+    """A local embedding checkpoint: Qwen3-Embedding (Qwen3 decoder) or BERT (sentence-transformers).
 
     Attributes:
-      checkpoint_dir: folder with config.json, safetensors and the tokenizer.
+      checkpoint_dir: folder with config.json (its `model_type` picks the model),
+        safetensors and the tokenizer.
       dtype: parameter dtype ('float32' on CPU, 'bfloat16' on accelerators).
       tokenizer: tokenizer folder or 'qwen3-offline'; default: the checkpoint's own.
-      max_length: texts are truncated to this many tokens (Qwen3-Embedding: 1024).
+      max_length: texts are truncated to this many tokens (Qwen3-Embedding: 1024; BERT
+        checkpoints also to their `max_position_embeddings`).
       batch_size: texts per forward pass.
       pad_to_multiple: sequence lengths are padded to a multiple of this (few compiled shapes).
     """
@@ -83,24 +95,49 @@ def _normalize(x: np.ndarray) -> np.ndarray:
 
 
 class LocalEmbedder:
-    """Embeds texts with a loaded decoder and its tokenizer (see module docstring)."""
+    """Embeds texts with a loaded model and its tokenizer (see module docstring).
+
+    Args:
+      model: the Qwen3 decoder (`models.embedding.load_hf`) or another model `pool` takes.
+      tokenizer: its tokenizer (special tokens are added, texts truncated to `max_length`).
+      max_length: tokens per text at most.
+      batch_size: texts per forward pass.
+      pad_to_multiple: sequence lengths are padded to a multiple of this (capped at
+        `max_length`), so few shapes are compiled.
+      pool: `pool(model, ids [B, T], mask [B, T]) -> [B, D]` unit vectors; default
+        `models.embedding.pooled` (the last token).
+      pad_left: pad on the left (last-token pooling) or on the right (`models.bert.mean_pooled`).
+    """
 
     def __init__(
         self,
-        decoder,
+        model,
         tokenizer,
         *,
         max_length: int = 1024,
         batch_size: int = 32,
         pad_to_multiple: int = 64,
+        pool: Callable | None = None,
+        pad_left: bool = True,
     ):
-        self.decoder = decoder
+        if pool is None:
+            from pau_jax.models import embedding
+
+            pool = embedding.pooled
+        self.model = model
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.batch_size = batch_size
         self.pad_to_multiple = pad_to_multiple
+        self.pool = pool
+        self.pad_left = pad_left
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
+
+    @property
+    def decoder(self):
+        """The model (its name when only Qwen3 decoders embedded)."""
+        return self.model
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text: the tokenizer's special tokens included, at most `max_length`."""
@@ -117,8 +154,6 @@ class LocalEmbedder:
 
     def embed_ids(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """[N, D] float32 unit vectors of token-id rows, `batch_size` rows per forward pass."""
-        from pau_jax.models import embedding
-
         out = []
         for start in range(0, len(ids), self.batch_size):
             rows = [list(r) for r in ids[start : start + self.batch_size]]
@@ -126,13 +161,15 @@ class LocalEmbedder:
             size = min(self.batch_size, 1 << (n - 1).bit_length())  # few compiled batch sizes
             rows += [rows[0]] * (size - n)
             longest = max(len(r) for r in rows)
-            t = -(-longest // self.pad_to_multiple) * self.pad_to_multiple
+            rounded = -(-longest // self.pad_to_multiple) * self.pad_to_multiple
+            t = max(longest, min(rounded, self.max_length))
             batch = np.full((len(rows), t), self.pad_id, np.int32)
             mask = np.zeros((len(rows), t), np.int32)
             for i, row in enumerate(rows):
-                batch[i, t - len(row) :] = row
-                mask[i, t - len(row) :] = 1
-            out.append(np.asarray(embedding.pooled(self.decoder, batch, mask))[:n])
+                span = slice(t - len(row), t) if self.pad_left else slice(0, len(row))
+                batch[i, span] = row
+                mask[i, span] = 1
+            out.append(np.asarray(self.pool(self.model, batch, mask))[:n])
         if not out:
             return np.zeros((0, 0), np.float32)
         return np.concatenate(out).astype(np.float32)
@@ -200,28 +237,67 @@ class HTTPEmbedder:
         return _normalize(np.concatenate(parts)) if parts else np.zeros((0, 0), np.float32)
 
 
+def _qwen3(path: pathlib.Path, config: LocalEmbeddingConfig) -> dict:
+    from pau_jax.models import embedding
+
+    decoder, _ = embedding.load_hf(path, dtype=config.dtype)
+    return dict(model=decoder, max_length=config.max_length)
+
+
+def _bert(path: pathlib.Path, config: LocalEmbeddingConfig) -> dict:
+    from pau_jax.models import bert
+
+    encoder, bert_config = bert.load_hf(path, dtype=config.dtype)
+    return dict(
+        model=encoder,
+        max_length=min(config.max_length, bert_config.max_position_embeddings),
+        pool=bert.mean_pooled,
+        pad_left=False,
+    )
+
+
+# config.json `model_type` -> the `LocalEmbedder` arguments of a checkpoint of that type.
+_LOCAL_MODELS = {"qwen3": _qwen3, "bert": _bert}
+
+
+def _local_embedder(config: LocalEmbeddingConfig) -> LocalEmbedder:
+    from pau_jax.tokenizer import load_tokenizer
+
+    if not config.checkpoint_dir:
+        raise ValueError(
+            "LocalEmbeddingConfig.checkpoint_dir is not set: pass "
+            "--gin.EMBEDDING_CHECKPOINT=\"'/path/to/checkpoint'\" or use HTTPEmbeddingConfig"
+        )
+    path = pathlib.Path(config.checkpoint_dir).expanduser()
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"{config_path} not found; pass a Qwen3-Embedding or BERT checkpoint directory"
+        )
+    model_type = json.loads(config_path.read_text()).get("model_type")
+    if model_type not in _LOCAL_MODELS:
+        raise ValueError(
+            f"{config_path} has model_type {model_type!r}; a local embedder supports "
+            + ", ".join(repr(t) for t in _LOCAL_MODELS)
+        )
+    return LocalEmbedder(
+        tokenizer=load_tokenizer(config.tokenizer or path),
+        batch_size=config.batch_size,
+        pad_to_multiple=config.pad_to_multiple,
+        **_LOCAL_MODELS[model_type](path, config),
+    )
+
+
 def build_embedder(config: LocalEmbeddingConfig | HTTPEmbeddingConfig) -> Embedder:
-    """The embedder of a config (a local checkpoint is loaded here)."""
+    """The embedder of a config (a local checkpoint is loaded here).
+
+    Raises:
+      ValueError: no checkpoint_dir, or its config.json has an unsupported `model_type`.
+    """
     if isinstance(config, HTTPEmbeddingConfig):
         return HTTPEmbedder(config)
     if isinstance(config, LocalEmbeddingConfig):
-        from pau_jax.models import embedding
-        from pau_jax.tokenizer import load_tokenizer
-
-        if not config.checkpoint_dir:
-            raise ValueError(
-                "LocalEmbeddingConfig.checkpoint_dir is not set: pass "
-                "--gin.EMBEDDING_CHECKPOINT=\"'/path/to/Qwen3-Embedding'\" or use HTTPEmbeddingConfig"
-            )
-        path = pathlib.Path(config.checkpoint_dir).expanduser()
-        decoder, _ = embedding.load_hf(path, dtype=config.dtype)
-        return LocalEmbedder(
-            decoder,
-            load_tokenizer(config.tokenizer or path),
-            max_length=config.max_length,
-            batch_size=config.batch_size,
-            pad_to_multiple=config.pad_to_multiple,
-        )
+        return _local_embedder(config)
     raise TypeError(
         f"embedder must be a LocalEmbeddingConfig or an HTTPEmbeddingConfig, got {config!r}"
     )

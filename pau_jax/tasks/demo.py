@@ -80,7 +80,11 @@ def demo_specs(executor, config: episode.EpisodeConfig) -> list[EpisodeSpec]:
                 )
             )
         task = episode.Task(
-            task_id=t.task_id, header=t.header, n_params=len(t.shown[0]), examples=tuple(shown)
+            task_id=t.task_id,
+            header=t.header,
+            n_params=len(t.shown[0]),
+            examples=tuple(shown),
+            shown_args=t.shown,
         )
         specs.append(EpisodeSpec(task=task, code=t.code))
     return specs

@@ -54,6 +54,7 @@ def to_spec(record: Record, config: EpisodeConfig) -> EpisodeSpec:
         header=record.header,
         n_params=len(record.arg_types),
         examples=example_observations(record, config.display_mode),
+        shown_args=tuple(_args(e.args) for e in record.shown),
     )
     return EpisodeSpec(task=task, code=record.code)
 

@@ -40,6 +40,7 @@ GIN_DIR = pathlib.Path(__file__).resolve().parents[2] / "gin"
 MODEL_CONFIGS = (
     "pau_jax.models.qwen3_moe.Qwen3MoeConfig",
     "pau_jax.models.llama.LlamaConfig",
+    "pau_jax.models.qwen2.Qwen2Config",
     "pau_jax.models.qwen3.Qwen3Config",
 )
 

@@ -238,7 +238,7 @@ def test_a_window_over_examples_and_calls_scrolls_the_examples_out():
 
 
 def test_the_released_reflection_shows_the_newest_call_without_its_result():
-    config = EpisodeConfig(reflection_sees_newest=False)
+    config = EpisodeConfig(reflection_sees_newest=False, failed_input_display="literal")
     state = _after_calls(config, 1)
     state = episode.on_conceptualize(state, "p", config)
     state, args = episode.on_generate(state, "```\n(7, 100)\n```", config)
@@ -289,3 +289,51 @@ def test_a_prompt_too_long_ends_the_episode_without_a_step():
     assert ended.steps == state.steps and ended.n_calls == 1
     with pytest.raises(ValueError, match="already finished"):
         episode.on_prompt_too_long(ended, config)
+
+
+def test_the_lenient_parser_reads_a_fenced_call_and_strict_does_not():
+    text = "```python\ntest_func(4, 5)\n```"
+    for fmt, expected in (("lenient", (4, 5)), ("strict", None)):
+        config = EpisodeConfig(input_format=fmt)
+        state = episode.on_conceptualize(episode.start(make_task(), config), "p", config)
+        _, args = episode.on_generate(state, text, config)
+        assert args == expected
+
+
+def test_the_lenient_parser_takes_the_first_reading_with_the_right_arity():
+    config = EpisodeConfig()
+    state = episode.on_conceptualize(episode.start(make_task(), config), "p", config)
+    text = "```\n(1, 2)\n```\nno, rather\n```\n(1, 2, 3)\n```"
+    _, args = episode.on_generate(state, text, config)
+    assert args == (1, 2)
+
+
+def test_a_failed_input_shows_the_error_not_the_text_unless_released():
+    text = "```python\ndef test_func(arg0, arg1):\n    return arg0\n```"
+    shown = {}
+    for display in ("error", "literal"):
+        config = EpisodeConfig(failed_input_display=display, input_format="strict")
+        state = episode.on_conceptualize(episode.start(make_task(), config), "p", config)
+        state, args = episode.on_generate(state, text, config)
+        assert args is None
+        shown[display] = state.observations[-1].call
+    assert shown["error"] == "test_func(?)"
+    assert shown["literal"].startswith("test_func(def test_func")
+
+
+def test_the_generation_prompt_example_has_the_function_arity():
+    config = EpisodeConfig()
+    for n_params, shown in ((1, (([1, 2],),)), (2, (("ab", 3),))):
+        task = dataclasses.replace(make_task(n_params), shown_args=shown)
+        state = episode.on_conceptualize(episode.start(task, config), "p", config)
+        prompt = episode.messages(state, config)[-1]["content"]
+        example = prompt.split("For example:\n```\n")[1].split("\n```")[0]
+        assert len(episode.parse_call_args(example, n_params)) == n_params
+        assert f"exactly {n_params} literal" in prompt
+        assert "(3, 'abc', [1, 2])" not in prompt
+
+
+@pytest.mark.parametrize("field,value", [("input_format", "loose"), ("failed_input_display", "x")])
+def test_bad_input_switches_are_refused(field, value):
+    with pytest.raises(ValueError, match=field):
+        EpisodeConfig(**{field: value})

@@ -97,3 +97,44 @@ DESCRIPTION_CASES = [
 @pytest.mark.parametrize("text,description", DESCRIPTION_CASES)
 def test_parse_description_table(text, description):
     assert parse.parse_description(text) == description
+
+
+LENIENT_CASES = [
+    # (model output, candidates in order): what the strict parser misses or misreads.
+    ("```python\ntest_func([1, 2], 3)\n```", ["[1, 2], 3"]),
+    ("```python\nprint(test_func('abc'))\n```", ["'abc'"]),
+    (
+        "```python\ndef test_func(arg0):\n    return arg0\n\nresult = test_func([3, 1])\n```",
+        ["[3, 1]"],
+    ),
+    ("```python\ndef test_func(arg0, arg1):\n    return arg0 + arg1\n```", []),
+    (">>> test_func(5, 'x')", ["5, 'x'"]),
+    ("I will call test_func(3, 'a(b') next.", ["3, 'a(b'"]),
+    ("```\ntest_func(arg1=2, arg0=[1])\n```", ["[1], 2"]),
+    ("```\narg0 = [1, 2]\narg1 = 'z'\n```", ["[1, 2], 'z'"]),
+    ("Input: f(7)", ["7"]),
+    ("```\n(1, 2)\n```", ["(1, 2)"]),
+    ("```\n(1, 2, 3)\n```\nor better\n```\n(4, 5)\n```", ["(4, 5)", "(1, 2, 3)"]),
+    ("[1, 2, 3]", ["[1, 2, 3]"]),
+    ("", []),
+    ("I think we should try\nsomething bigger", []),
+]
+
+
+@pytest.mark.parametrize("text,candidates", LENIENT_CASES)
+def test_input_candidates(text, candidates):
+    assert parse.input_candidates(text) == candidates
+
+
+def test_strict_parser_misreads_what_the_lenient_one_reads():
+    # The strict parser takes a fenced call or definition as the argument text itself.
+    assert parse.extract_input("```python\ntest_func([1, 2], 3)\n```").args_text == (
+        "test_func([1, 2], 3)"
+    )
+    assert parse.input_candidates("```python\ntest_func([1, 2], 3)\n```") == ["[1, 2], 3"]
+
+
+def test_no_input_reason_names_a_definition():
+    assert "defines a function" in parse.no_input_reason("```\ndef test_func(a):\n  pass\n```")
+    assert parse.no_input_reason("<think>x</think>") == "empty output"
+    assert parse.no_input_reason("just words\nmore words").startswith("no input found")

@@ -9,7 +9,16 @@ import pytest
 from flax import nnx
 
 from pau_jax import models
-from pau_jax.models import auto, decoder, llama, qwen3, qwen3_moe
+from pau_jax.models import (
+    auto,
+    decoder,
+    decoder_config,
+    hf_checkpoint,
+    llama,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+)
 
 TINY = dict(
     vocab_size=64,
@@ -27,6 +36,7 @@ TINY = dict(
 CONFIGS = [
     qwen3.Qwen3Config(**TINY),
     llama.LlamaConfig(**TINY),
+    qwen2.Qwen2Config(**TINY),
     qwen3_moe.Qwen3MoeConfig(
         **TINY, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True
     ),
@@ -61,7 +71,7 @@ def test_random_checkpoint_refuses_an_unregistered_family(tmp_path):
 
 
 def test_registry_keys_are_the_families_own_model_types():
-    assert sorted(auto.ARCHITECTURES) == ["llama", "qwen3", "qwen3_moe"]
+    assert sorted(auto.ARCHITECTURES) == ["llama", "qwen2", "qwen3", "qwen3_moe"]
     for kind, family in auto.ARCHITECTURES.items():
         assert family.model_type == family.config.model_type == kind
         for preset in family.presets.values():
@@ -78,7 +88,7 @@ def test_unsupported_or_missing_config_is_one_line(tmp_path):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class _ToyConfig(decoder.DecoderConfig):
+class _ToyConfig(decoder_config.DecoderConfig):
     """A family declared in a few lines: Qwen3's q/k norms, a field of its own, not registered."""
 
     model_type = "toy"
@@ -99,7 +109,7 @@ class _ToyConfig(decoder.DecoderConfig):
 
 
 def test_a_family_is_a_config_subclass_and_a_family_record(tmp_path):
-    family = decoder.Family(config=_ToyConfig, presets={})
+    family = hf_checkpoint.Family(config=_ToyConfig, presets={})
     config = _ToyConfig(**TINY, toy_scale=2.0)
     model = decoder.Decoder(config, rngs=nnx.Rngs(0))
     family.save_hf(model, config, tmp_path)

@@ -1,12 +1,10 @@
 """Llama 3 on the shared decoder against transformers' LlamaForCausalLM, peft and generate()."""
 
 import dataclasses
-import importlib.util  # noqa: F401  (gin-config 0.5.0 needs it imported before parsing)
 import json
 import pathlib
 import shutil
 
-import gin
 import jax
 import numpy as np
 import peft
@@ -76,29 +74,13 @@ def make_tiny_llama(directory, *, seed: int = 0, **overrides):
     """Saves a random transformers ``LlamaForCausalLM`` with ``save_pretrained``; returns (path, model)."""
     config = transformers.LlamaConfig(**dict(TINY_LLAMA, **overrides))
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).eval()
-    # Random init leaves norms at 1.0; perturb them so the tests see their effect.
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.add_(0.1 * torch.randn_like(param))
-    path = pathlib.Path(directory)
-    model.save_pretrained(path)
-    return path, model
+    return lib.perturb_and_save(transformers.LlamaForCausalLM(config).eval(), directory)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Builds each variant's transformers checkpoint once: name -> (path, torch model)."""
-    built = {}
-
-    def get(name):
-        if name not in built:
-            directory = tmp_path_factory.mktemp(name)
-            built[name] = make_tiny_llama(directory, seed=3, **VARIANTS[name])
-        return built[name]
-
-    return get
+    return lib.built_once(tmp_path_factory, make_tiny_llama, VARIANTS, seed=3)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -233,22 +215,7 @@ def test_greedy_generate_matches_transformers(tiny):
     prompts = [[5, 17, 99, 3, 42, 8, 60], [11, 2, 77], [64]]
     new = 6
     out = generate(model, prompts, max_new_tokens=new)
-    width = max(map(len, prompts))
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    with torch.no_grad():
-        theirs = torch_model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=new,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    assert out.tokens == theirs[:, width:].tolist()
+    assert out.tokens == lib.theirs_greedy(torch_model, prompts, new)
     assert len(set(map(tuple, out.tokens))) > 1
 
 
@@ -258,10 +225,7 @@ def test_lora_matches_peft_and_merges_into_a_llama_checkpoint(tiny, tmp_path):
     ids, mask = BATCH
     base = lib.ours(model, ids, mask)
     assert lora.apply_lora(model, rank=4, alpha=8) == 7 * config.num_hidden_layers
-    rng = np.random.default_rng(0)
-    for adapter in lora.adapters(model).values():
-        value = 0.1 * rng.standard_normal(adapter.lora_b.shape)
-        adapter.lora_b.set_value(jax.numpy.asarray(value, np.float32))
+    lib.randomise_lora_b(model)
     adapted = lib.ours(model, ids, mask)
     assert lib.max_real_diff(adapted, base, mask) > 100 * lib.TOL
     lora.export_peft(model, tmp_path / "adapter")
@@ -315,11 +279,5 @@ def test_every_preset_has_a_gin_file():
 
 @pytest.mark.parametrize("file_name", list(GIN_PRESETS))
 def test_gin_preset_builds_the_python_preset(file_name):
-    configurable = gin.external_configurable(llama.LlamaConfig, module="pau_jax.models.llama")
-    gin.clear_config()
-    try:
-        gin.parse_config_file(str(GIN_DIR / file_name))
-        config = configurable()
-    finally:
-        gin.clear_config()
+    config = lib.gin_config(llama.LlamaConfig, "pau_jax.models.llama", GIN_DIR / file_name)
     assert config == llama.PRESETS[GIN_PRESETS[file_name]]

@@ -28,13 +28,6 @@ def batch():
     return lib.batch(checkpoints.TINY_QWEN3["vocab_size"])
 
 
-def _randomise_b(model, seed):
-    rng = np.random.default_rng(seed)
-    for adapter in lora.adapters(model).values():
-        shape = adapter.lora_b.shape
-        adapter.lora_b.set_value(jax.numpy.asarray(0.1 * rng.standard_normal(shape), np.float32))
-
-
 def _peft_logits(ckpt_path, adapter_path, ids, mask):
     base = transformers.AutoModelForCausalLM.from_pretrained(ckpt_path).eval()
     return lib.theirs(peft.PeftModel.from_pretrained(base, adapter_path).eval(), ids, mask)
@@ -67,7 +60,7 @@ def test_our_adapter_loaded_by_peft_gives_our_logits_and_merges(ckpt, batch, tmp
     model, config = qwen3.load_hf(ckpt[0])
     base = lib.ours(model, ids, mask)
     lora.apply_lora(model, rank=RANK, alpha=ALPHA)
-    _randomise_b(model, seed=11)
+    lib.randomise_lora_b(model, seed=11)
     adapted = lib.ours(model, ids, mask)
     assert lib.max_real_diff(adapted, base, mask) > 100 * lib.TOL
     lora.export_peft(model, tmp_path / "adapter")
@@ -90,7 +83,7 @@ def test_regex_targets_export_full_paths_that_peft_applies(ckpt, batch, tmp_path
     model, _ = qwen3.load_hf(ckpt[0])
     pattern = r"model\.layers\.0\.self_attn\.(q|v)_proj"
     assert lora.apply_lora(model, rank=RANK, alpha=ALPHA, targets=pattern) == 2
-    _randomise_b(model, seed=12)
+    lib.randomise_lora_b(model, seed=12)
     lora.export_peft(model, tmp_path)
     exported = json.loads((tmp_path / lora.ADAPTER_CONFIG).read_text())
     assert exported["target_modules"] == [

@@ -1,6 +1,5 @@
 """Qwen3-MoE on the shared decoder against transformers' Qwen3MoeForCausalLM, peft and generate()."""
 
-import importlib.util  # noqa: F401  (gin-config 0.5.0 needs it imported before parsing)
 import json
 import os
 import pathlib
@@ -8,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,28 +57,13 @@ def make_tiny_moe(directory, *, seed: int = 0, **overrides):
     """Saves a random transformers ``Qwen3MoeForCausalLM`` with ``save_pretrained``; returns (path, model)."""
     config = transformers.Qwen3MoeConfig(**dict(TINY_MOE, **overrides))
     torch.manual_seed(seed)
-    model = transformers.Qwen3MoeForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.add_(0.1 * torch.randn_like(param))
-    path = pathlib.Path(directory)
-    model.save_pretrained(path)
-    return path, model
+    return lib.perturb_and_save(transformers.Qwen3MoeForCausalLM(config).eval(), directory)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Builds each variant's transformers checkpoint once: name -> (path, torch model)."""
-    built = {}
-
-    def get(name):
-        if name not in built:
-            directory = tmp_path_factory.mktemp(name)
-            built[name] = make_tiny_moe(directory, seed=5, **VARIANTS[name])
-        return built[name]
-
-    return get
+    return lib.built_once(tmp_path_factory, make_tiny_moe, VARIANTS, seed=5)
 
 
 def _sparse_layers(torch_model) -> list[int]:
@@ -275,30 +258,8 @@ def test_greedy_generate_matches_transformers(tiny):
     prompts = [[5, 17, 99, 3, 42, 8, 60], [11, 2, 77], [64]]
     new = 6
     out = generate(model, prompts, max_new_tokens=new)
-    width = max(map(len, prompts))
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    with torch.no_grad():
-        theirs = torch_model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=new,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    assert out.tokens == theirs[:, width:].tolist()
+    assert out.tokens == lib.theirs_greedy(torch_model, prompts, new)
     assert len(set(map(tuple, out.tokens))) > 1
-
-
-def _randomise_adapters(model):
-    rng = np.random.default_rng(0)
-    for adapter in lora.adapters(model).values():
-        value = 0.1 * rng.standard_normal(adapter.lora_b.shape)
-        adapter.lora_b.set_value(jnp.asarray(value, np.float32))
 
 
 def test_lora_adapts_attention_and_dense_mlps_and_merges_into_a_checkpoint(tiny, tmp_path):
@@ -310,7 +271,7 @@ def test_lora_adapts_attention_and_dense_mlps_and_merges_into_a_checkpoint(tiny,
     # Experts and routers are not adapted: 4 attention projections per layer, 3 per dense MLP.
     assert lora.apply_lora(model, rank=4, alpha=8) == 4 * config.num_hidden_layers + 3 * dense
     assert not any(".experts." in name or name.endswith(".gate") for name in lora.adapters(model))
-    _randomise_adapters(model)
+    lib.randomise_lora_b(model)
     adapted = lib.ours(model, ids, mask)
     assert lib.max_real_diff(adapted, base, mask) > 100 * lib.TOL
     lora.merge(model)
@@ -325,7 +286,7 @@ def test_attention_lora_matches_peft(tiny, tmp_path):
     ids, mask = BATCH
     base = lib.ours(model, ids, mask)
     lora.apply_lora(model, rank=4, alpha=8, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
-    _randomise_adapters(model)
+    lib.randomise_lora_b(model)
     adapted = lib.ours(model, ids, mask)
     lora.export_peft(model, tmp_path / "adapter")
     torch_base = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
@@ -411,13 +372,6 @@ def test_every_preset_has_a_gin_file():
 
 @pytest.mark.parametrize("file_name", list(GIN_PRESETS))
 def test_gin_preset_builds_the_python_preset(file_name):
-    configurable = gin.external_configurable(
-        qwen3_moe.Qwen3MoeConfig, module="pau_jax.models.qwen3_moe"
-    )
-    gin.clear_config()
-    try:
-        gin.parse_config_file(str(GIN_DIR / file_name))
-        config = configurable()
-    finally:
-        gin.clear_config()
+    module = "pau_jax.models.qwen3_moe"
+    config = lib.gin_config(qwen3_moe.Qwen3MoeConfig, module, GIN_DIR / file_name)
     assert config == qwen3_moe.PRESETS[GIN_PRESETS[file_name]]

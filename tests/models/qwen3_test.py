@@ -1,12 +1,10 @@
 """Qwen3 in NNX against transformers' Qwen3ForCausalLM: logits, config reading, presets."""
 
 import dataclasses
-import importlib.util  # noqa: F401  (gin-config 0.5.0 needs it imported before parsing)
 import json
 import pathlib
 
 import checkpoints
-import gin
 import jax
 import numpy as np
 import pytest
@@ -36,15 +34,7 @@ BATCH = lib.batch(checkpoints.TINY_QWEN3["vocab_size"])
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Builds each variant's transformers checkpoint once: name -> (path, torch model)."""
-    built = {}
-
-    def get(name):
-        if name not in built:
-            directory = tmp_path_factory.mktemp(name)
-            built[name] = checkpoints.make_tiny_qwen3(directory, seed=1, **VARIANTS[name])
-        return built[name]
-
-    return get
+    return lib.built_once(tmp_path_factory, checkpoints.make_tiny_qwen3, VARIANTS, seed=1)
 
 
 def _torch_model(torch_state, **overrides):
@@ -219,14 +209,8 @@ def test_every_preset_has_a_gin_file():
 
 @pytest.mark.parametrize("file_name", list(GIN_PRESETS))
 def test_gin_preset_builds_the_python_preset(file_name):
-    configurable = gin.external_configurable(qwen3.Qwen3Config, module="pau_jax.models.qwen3")
-    gin.clear_config()
-    try:
-        gin.parse_config_file(str(GIN_DIR / file_name))
-        # Raises if the file leaves a field without a default unbound.
-        config = configurable()
-    finally:
-        gin.clear_config()
+    # Raises if the file leaves a field without a default unbound.
+    config = lib.gin_config(qwen3.Qwen3Config, "pau_jax.models.qwen3", GIN_DIR / file_name)
     assert config == qwen3.PRESETS[GIN_PRESETS[file_name]]
 
 

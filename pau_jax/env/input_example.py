@@ -1,0 +1,78 @@
+"""The example input of the generation prompt: the function's arity, shaped like its shown examples.
+
+A fixed example such as ``(3, 'abc', [1, 2])`` has three arguments whatever the
+function takes, and small models copy it. ``example_input`` instead takes the
+first shown example's arguments and changes every scalar in them, keeping each
+value's type and each container's shape, so the example has the right arity and
+the right kinds of values without being a call the agent has already seen.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+# Arguments of a fallback example when no shown example is known, cycled to the arity.
+_FALLBACK = (3, "abc", [1, 2], 2.5, True)
+
+
+def _shift_char(c: str) -> str:
+    if "a" <= c <= "y" or "A" <= c <= "Y" or "0" <= c <= "8":
+        return chr(ord(c) + 1)
+    if c in "zZ9":
+        return {"z": "a", "Z": "A", "9": "0"}[c]
+    return c
+
+
+def perturb(value: Any) -> Any:
+    """A value of the same type and shape as ``value`` with every scalar changed (deterministic).
+
+    Booleans flip, integers and floats move, letters and digits of strings and bytes
+    shift by one (``'abc'`` -> ``'bcd'``), containers are rebuilt from their perturbed
+    items; None and objects of other types stay as they are.
+    """
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 3 if value >= 0 else value - 2
+    if isinstance(value, float):
+        return round(value + 1.5, 6)
+    if isinstance(value, str):
+        return "".join(_shift_char(c) for c in value) if value else "ab"
+    if isinstance(value, bytes):
+        text = "".join(_shift_char(chr(b)) if b < 128 else chr(b) for b in value)
+        return text.encode("latin-1") if value else b"ab"
+    if isinstance(value, list):
+        return [perturb(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(perturb(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return type(value)(perturb(v) for v in value)
+    if isinstance(value, dict):
+        return {perturb(k): perturb(v) for k, v in value.items()}
+    return value
+
+
+def _literal(args: Sequence[Any]) -> str:
+    """``args`` as a Python tuple literal (one argument keeps its trailing comma)."""
+    if len(args) == 1:
+        return f"({args[0]!r},)"
+    return "(" + ", ".join(repr(a) for a in args) + ")"
+
+
+def example_input(n_params: int, shown_args: Sequence[tuple] = ()) -> str:
+    """The argument tuple the generation prompt shows as its example.
+
+    Args:
+      n_params: the function's number of arguments.
+      shown_args: the argument tuples of the shown examples; the first one with
+        ``n_params`` arguments is perturbed (``perturb``). Without one, the example
+        cycles through a few literals of different types.
+
+    Returns:
+      A Python tuple literal with exactly ``n_params`` items, e.g. ``([4, 5], 'bcd')``.
+    """
+    if n_params == 0:
+        return "()"
+    for args in shown_args:
+        if len(args) == n_params:
+            return _literal(perturb(tuple(args)))
+    return _literal([_FALLBACK[i % len(_FALLBACK)] for i in range(n_params)])
