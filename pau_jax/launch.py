@@ -4,11 +4,15 @@ Usage:
   python -m pau_jax.launch --gin_file=quickstart.gin
   python -m pau_jax.launch --gin_file=quickstart.gin --gin.pau_jax.experiment.train.steps=5
   python -m pau_jax.launch --gin_file=aac.gin --gin.CHECKPOINT="'/ckpt/Qwen3-1.7B'" --run_dir=runs/aac
-  python -m pau_jax.launch --gin_file=quickstart.gin --dry_run   # parse and print the config only
+  python -m pau_jax.launch --gin_file=quickstart.gin --dry_run   # check and print the config only
 
 Gin files are looked up in the current directory, then in the repository's `gin/`
 folder. The operative configuration, the git commit and the package versions are
 written into the run directory before anything else happens.
+
+A mistake in the configuration or the input (a misspelled name, a required seat left
+unset, a missing checkpoint or dataset) stops the run with a short message on stderr
+and exit status 1; `--traceback` (or PAU_TRACEBACK=1) shows the full traceback instead.
 """
 
 import importlib.util  # noqa: F401  (gin-config 0.5.0 needs it imported before parsing includes)
@@ -41,7 +45,17 @@ _RUN_MODE = flags.DEFINE_enum(
 _RUN_DIR = flags.DEFINE_string(
     "run_dir", None, "Output directory; default runs/<run_mode>-<timestamp>."
 )
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Parse the configuration, print it and exit.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run",
+    False,
+    "Parse the configuration, print it, check that the required seats and values are set "
+    "(nothing is loaded) and exit; non-zero when something is missing.",
+)
+_TRACEBACK = flags.DEFINE_bool(
+    "traceback",
+    os.environ.get("PAU_TRACEBACK", "").strip().lower() in ("1", "true", "yes", "on"),
+    "Show the full traceback of configuration and input errors too (default: $PAU_TRACEBACK).",
+)
 _COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache_dir",
     os.environ.get("PAU_JAX_COMPILATION_CACHE", "~/.cache/pau_jax/xla"),
@@ -79,8 +93,16 @@ def _record_run(run_dir: pathlib.Path, gin_text: str) -> None:
     """Writes what ran: config, commit, versions, command line, host."""
     from importlib import metadata
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.gin").write_text(gin_text)
+    from pau_jax import config_check
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.gin").write_text(gin_text)
+    except OSError as e:
+        raise config_check.ConfigError(
+            f"cannot write the run directory {run_dir}: {e.strerror or e}; "
+            "pass a writable --run_dir"
+        ) from e
     try:
         commit = subprocess.run(
             ["git", "-C", str(GIN_DIR.parent), "rev-parse", "HEAD"],
@@ -113,10 +135,17 @@ _SEARCH_PATHS: list[str] = []
 
 
 def parse_config(gin_files, bindings) -> None:
-    """Parses and finalizes gin files (named as for --gin_file) and then bindings, in order."""
+    """Parses and finalizes gin files (named as for --gin_file) and then bindings, in order.
+
+    Raises:
+      config_check.ConfigError: a name that matches nothing, a syntax error, or a
+        command-line binding that changes nothing (a macro no binding uses).
+    """
+    import tokenize
+
     import gin
 
-    from pau_jax import experiment
+    from pau_jax import config_check, experiment
 
     experiment.register_configurables()
     for path in (str(GIN_DIR), os.getcwd()):
@@ -124,7 +153,11 @@ def parse_config(gin_files, bindings) -> None:
             gin.add_config_file_search_path(path)
             _SEARCH_PATHS.append(path)
     files = [_resolve_gin_file(f) for f in gin_files]
-    gin.parse_config_files_and_bindings(files, bindings, finalize_config=True)
+    try:
+        gin.parse_config_files_and_bindings(files, bindings, finalize_config=True)
+    except (ValueError, SyntaxError, tokenize.TokenError) as e:
+        raise config_check.ConfigError(config_check.explain(e)) from e
+    config_check.check_command_line(bindings)
 
 
 def _drop_include_probe_errors(record) -> bool:
@@ -134,10 +167,59 @@ def _drop_include_probe_errors(record) -> bool:
     )
 
 
-def main(argv):
+def _is_user_error(error: BaseException) -> bool:
+    """Whether `error` is a mistake in the configuration or the input, shown without traceback.
+
+    These are: usage and configuration errors; the project's one-line errors of a
+    checkpoint that cannot be fetched (`FetchError`) and of a model endpoint that
+    still fails after its retries (`EndpointError`); operating-system errors (a
+    missing file or checkpoint, an unwritable directory, a refused connection); and
+    ValueErrors raised by this package's or gin's own checks. Anything else (an
+    AssertionError, a TypeError, a ValueError from inside JAX or NumPy) is unexpected
+    and keeps its traceback.
+    """
     import gin
 
-    from pau_jax import experiment
+    from pau_jax import config_check
+    from pau_jax.policy.http import EndpointError
+    from pau_jax.tools.fetch import FetchError
+
+    user = (app.UsageError, config_check.ConfigError, FetchError, EndpointError, OSError)
+    if isinstance(error, user):
+        return True
+    if not isinstance(error, ValueError) or error.__traceback__ is None:
+        return False
+    tb = error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    raised_in = pathlib.Path(tb.tb_frame.f_code.co_filename).resolve()
+    own = (pathlib.Path(__file__).resolve().parent, pathlib.Path(gin.__file__).resolve().parent)
+    return any(raised_in.is_relative_to(folder) for folder in own)
+
+
+def _report(error: BaseException) -> None:
+    """Writes the short form of a configuration or input error to stderr."""
+    from pau_jax import config_check
+
+    print(f"error: {config_check.explain(error)}", file=sys.stderr)
+    if not isinstance(error, (app.UsageError, config_check.ConfigError)):
+        print("(--traceback or PAU_TRACEBACK=1 shows where it was raised)", file=sys.stderr)
+
+
+def main(argv):
+    try:
+        _main(argv)
+    except Exception as e:  # Re-raised unless it is a configuration or input error.
+        if _TRACEBACK.value or not _is_user_error(e):
+            raise
+        _report(e)
+        sys.exit(1)
+
+
+def _main(argv):
+    import gin
+
+    from pau_jax import config_check, experiment
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -151,8 +233,12 @@ def main(argv):
     if mode != selected:
         logging.warning("--run_mode=%s overrides the gin files' run mode %r", mode, selected)
     run_dir = pathlib.Path(_RUN_DIR.value or f"runs/{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
+    entry_name = f"pau_jax.experiment.{experiment.ENTRY_NAMES[mode]}"
     if _DRY_RUN.value:
-        print(gin.config_str())
+        print(gin.config_str(), flush=True)
+        missing = config_check.missing_required(mode, entry_name)
+        if missing:
+            raise config_check.ConfigError(f"{mode} run: not set: {'; '.join(missing)}")
         return
     enable_compilation_cache(_COMPILATION_CACHE.value)
     # A multi-process run (explicit PAU_* variables, SLURM, a TPU pod) joins up before any
@@ -165,7 +251,7 @@ def main(argv):
     if primary:
         _record_run(run_dir, gin.config_str())
         print(f"[launch] {mode} run directory: {run_dir}", flush=True)
-    entry = gin.get_configurable(f"pau_jax.experiment.{experiment.ENTRY_NAMES[mode]}")
+    entry = gin.get_configurable(entry_name)
     entry(run_dir=str(run_dir))
     # The operative config lists only what was actually used; write it after the run.
     if primary:

@@ -1,34 +1,15 @@
-"""MetricsWriter: JSON lines and TensorBoard scalars read back, process 0 only, clear misuse errors."""
+"""MetricsWriter: JSON lines and TensorBoard scalars read back, resuming, process 0 only, misuse."""
 
 import json
-import struct
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tensorboardX.proto import event_pb2
+from tensorboard_events import read_scalars
 
 from pau_jax import metrics_writer
 from pau_jax.metrics_writer import MetricsWriter
-
-
-def _read_events(run_dir) -> dict[str, list[tuple[int, float]]]:
-    """Scalars of every event file in run_dir, by tag, from the TFRecord framing."""
-    scalars: dict[str, list[tuple[int, float]]] = {}
-    files = sorted(run_dir.glob("events.out.tfevents.*"))
-    assert files, f"no event file in {run_dir}"
-    for path in files:
-        data = path.read_bytes()
-        offset = 0
-        while offset < len(data):
-            (length,) = struct.unpack("<Q", data[offset : offset + 8])
-            payload = data[offset + 12 : offset + 12 + length]
-            offset += 12 + length + 4
-            event = event_pb2.Event.FromString(payload)
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return scalars
 
 
 def test_jsonl_and_tensorboard_round_trip(tmp_path):
@@ -60,7 +41,7 @@ def test_jsonl_and_tensorboard_round_trip(tmp_path):
     assert records[1]["train/loss"] == 0.125
     assert records[0]["time"] <= records[1]["time"]
 
-    scalars = _read_events(tmp_path)
+    scalars = read_scalars(tmp_path)
     assert scalars["train/loss"] == [(1, 0.25), (2, 0.125)]
     assert scalars["rollout/reward_mean"] == [(1, 0.5), (2, 0.75)]
     assert scalars["train/tokens"] == [(1, 12.0)]
@@ -97,3 +78,51 @@ def test_misuse_fails_clearly(tmp_path):
     writer.close()
     with pytest.raises(RuntimeError, match="after close"):
         writer.write(1, {"a": 1.0})
+
+
+def _steps(run_dir) -> list[int]:
+    return [row["step"] for row in metrics_writer.read_rows(run_dir)]
+
+
+def test_resuming_drops_the_rows_and_events_of_lost_steps(tmp_path):
+    # A first process logs steps 1-3 and is killed after its checkpoint of step 2.
+    with MetricsWriter(tmp_path) as writer:
+        for step in (1, 2, 3):
+            writer.write(step, {"train/loss": float(step), "note": "first"})
+    with MetricsWriter(tmp_path, resume_step=2) as writer:
+        assert _steps(tmp_path) == [1, 2]  # Cut when opened, before any new row.
+        for step in (3, 4):
+            writer.write(step, {"train/loss": 10.0 * step, "note": "second"})
+    rows = metrics_writer.read_rows(tmp_path)
+    assert [(r["step"], r["train/loss"], r["note"]) for r in rows] == [
+        (1, 1.0, "first"),
+        (2, 2.0, "first"),
+        (3, 30.0, "second"),
+        (4, 40.0, "second"),
+    ]
+    assert read_scalars(tmp_path) == {"train/loss": [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]}
+    # Nothing lost: every row and event is kept; the next process adds a file of its own.
+    with MetricsWriter(tmp_path, resume_step=4) as writer:
+        writer.write(5, {"train/loss": 50.0})
+    assert _steps(tmp_path) == [1, 2, 3, 4, 5]
+    assert sorted(s for s, _ in read_scalars(tmp_path)["train/loss"]) == [1, 2, 3, 4, 5]
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
+    # No checkpoint at all: every row goes.
+    MetricsWriter(tmp_path, resume_step=0).close()
+    assert _steps(tmp_path) == [] and read_scalars(tmp_path) == {}
+
+
+def test_a_torn_last_row_is_dropped_and_a_broken_one_refused(tmp_path, capsys):
+    path = tmp_path / metrics_writer.METRICS_FILE
+    path.write_text('{"step": 1, "time": 0.0, "a": 1.0}\n{"step": 2, "time": 0.0, "a"')
+    assert _steps(tmp_path) == [1]
+    with MetricsWriter(tmp_path, tensorboard=False, resume_step=2) as writer:
+        writer.write(2, {"a": 2.0})
+    assert "dropped a torn last row" in capsys.readouterr().out
+    assert [r["a"] for r in metrics_writer.read_rows(tmp_path)] == [1.0, 2.0]
+    path.write_text('{"step": 1}\nnot json\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2 is not JSON"):
+        MetricsWriter(tmp_path, resume_step=1)
+    path.write_text('{"loss": 1}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:1 has no integer 'step'"):
+        metrics_writer.read_rows(tmp_path)

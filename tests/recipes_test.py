@@ -149,12 +149,27 @@ def test_build_dataset(tmp_path):
 
 def test_evaluate_a_checkpoint_directory(tmp_path, data_dir, checkpoint):
     commands = readme_commands("Evaluate a Qwen3 checkpoint directory")
-    assert len(commands) == 4
-    # The CPU example on SmolLM2 (timed in docs/benchmarks.md): self-graded, debug tasks.
-    smollm2 = _parse(_argv(commands[3]))
+    assert len(commands) == 5
+    # The CPU preset on real code models (timed in docs/benchmarks.md): the 0.5B agent fetched
+    # by name, the 1.5B as judge and coder, the debug tasks that have a gold description.
+    coder = _parse(_argv(commands[3]))
     for binding in (
-        "EpisodeConfig.call_budget = 6", "LIMIT = 4", "MAX_NEW_TOKENS = 200",
+        "CHECKPOINT = @agent/pau_jax.tools.fetch.checkpoint()",
+        "agent/checkpoint.name = 'qwen2.5-coder-0.5b-instruct'",
+        "grader/checkpoint.name = 'qwen2.5-coder-1.5b-instruct'",
+        "JUDGE = @judge/pau_jax.policy.backends.LocalBackendConfig()",
+        "CODER = @coder/pau_jax.policy.backends.LocalBackendConfig()",
+        "DatasetConfig.sources = ('humaneval', 'mbpp')", "DATASET_CONFIG = 'debug'",
+        "evaluate.modes = ('interactive', 'in_context')",
+        "policy/LocalBackendConfig.dtype = 'float32'", "judge/LocalBackendConfig.dtype = 'float32'",
+    ):  # fmt: skip
+        assert binding in coder, binding
+    # The same protocol on SmolLM2, self-graded.
+    smollm2 = _parse(_argv(commands[4]))
+    for binding in (
+        "EpisodeConfig.call_budget = 4", "LIMIT = 4", "MAX_NEW_TOKENS = 160",
         "JUDGE = 'self'", "CODER = 'self'", "DATASET_CONFIG = 'debug'",
+        "DatasetConfig.sources = ('humaneval', 'mbpp')",
         "policy/LocalBackendConfig.dtype = 'float32'",
     ):  # fmt: skip
         assert binding in smollm2, binding

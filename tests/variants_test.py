@@ -41,7 +41,7 @@ def test_paper_defaults_without_the_overlay(parse):
     assert episode.reflection_sees_newest
     assert (episode.input_format, episode.failed_input_display) == ("lenient", "error")
     assert gin.query_parameter("pau_jax.experiment.train.advantage_fn").selector.endswith(
-        "return_to_go"
+        "process_grpo"
     )
     critic = _make("pau_jax.rl.critic.CriticConfig")
     assert critic.clamp and critic.sampling.temperature == 0.0
@@ -72,6 +72,7 @@ def test_as_released_on_training(parse):
     assert critic.sampling.max_new_tokens == 300 and critic.sampling.enable_thinking
     rewards = _make("pau_jax.rl.rewards.RewardConfig")
     assert rewards.length_penalty == "released" and rewards.timeout_rule == "replace"
+    assert rewards.futile_continue == "literal"
     rollout = _make("pau_jax.rl.rollout.RolloutConfig")
     assert rollout.sampling.max_new_tokens == 1024 and rollout.sampling.enable_thinking
     assert rollout.call_timeout_s == 10.0 and rollout.sampling.max_prompt_tokens == 512
@@ -105,7 +106,13 @@ def test_as_released_keeps_sym_info_symmetric(parse):
 
 def test_paper_timeouts_and_credit(parse):
     parse("aac.gin")
-    assert _make("pau_jax.rl.rewards.RewardConfig").timeout_rule == "add"
+    rewards = _make("pau_jax.rl.rewards.RewardConfig")
+    assert rewards.timeout_rule == "add" and rewards.futile_continue == "end"
+    assert rewards.reflection_length_cap == 0.5
+    assert gin.query_parameter("pau_jax.experiment.train.advantage_fn").selector.endswith(
+        "process_grpo"
+    )
+    # The per-position rule, one binding away: its constants stay bound.
     assert gin.query_parameter("GAMMA/macro.value") == 0.0
     assert (
         gin.query_parameter("pau_jax.rl.credit.return_to_go.gamma").scoped_selector
@@ -114,6 +121,38 @@ def test_paper_timeouts_and_credit(parse):
     assert gin.query_parameter("pau_jax.rl.credit.return_to_go.normalize") == "position"
     rollout = _make("pau_jax.rl.rollout.RolloutConfig")
     assert rollout.sampling.max_prompt_tokens is None
+
+
+def _bindings(gin_file):
+    """The binding lines of a gin file (comments and blank lines left out)."""
+    lines = (GIN_DIR / gin_file).read_text().splitlines()
+    return [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_final_differs_from_aac_only_in_sparsity(parse):
+    # FINAL binds one thing: the default rule on the final step's reward alone (credit_test.py
+    # checks final_only against process_grpo on the final rewards); no gamma or other setting.
+    assert _bindings("ablations/final.gin") == [
+        "pau_jax.experiment.train.advantage_fn = @pau_jax.rl.credit.final_only"
+    ]
+    parse("aac.gin", "ablations/final.gin")
+    assert gin.query_parameter("pau_jax.experiment.train.advantage_fn").selector.endswith(
+        "final_only"
+    )
+
+
+def test_as_released_http_graders_get_the_repetition_penalty(parse):
+    # The released harness decoded the judge and the coder (open models) with repetition penalty
+    # 1.2; served over HTTP they get it too. The agent's endpoint seat may be a hosted API,
+    # which takes no such parameter: it keeps none.
+    parse("eval/interactive.gin", "variants/as_released.gin")
+    for seat in ("judge", "coder"):
+        http = _make("pau_jax.policy.http.HTTPConfig", scope=seat)
+        assert http.repetition_penalty == 1.2 and http.temperature == 0.0, seat
+    assert _make("pau_jax.policy.http.HTTPConfig", scope="policy").repetition_penalty is None
+    parse("eval/interactive.gin")
+    for seat in ("judge", "coder"):
+        assert _make("pau_jax.policy.http.HTTPConfig", scope=seat).repetition_penalty is None
 
 
 def test_as_released_on_evaluation(parse):

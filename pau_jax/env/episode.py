@@ -335,7 +335,7 @@ def _parse_input(text: str, n_params: int, config: EpisodeConfig) -> tuple[str, 
         texts, error = ([extracted.args_text] if extracted.ok else []), extracted.reason
     else:
         texts = parse.input_candidates(text)
-        error = parse.no_input_reason(text)
+        error = parse.no_input_reason(text, n_params)
     first_error = ""
     for args_text in texts:
         try:

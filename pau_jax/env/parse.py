@@ -56,6 +56,8 @@ _DEFINITION = re.compile(r"^\s*def\s+\w+\s*\(", re.M)
 _PROMPT_MARK = re.compile(r"^\s*(?:>>>|\.\.\.)\s?", re.M)
 _ASSIGNMENT = re.compile(r"^\s*(arg\d+)\s*=\s*(.+?)\s*$")
 _TRIPLE_QUOTES = ("'''", '"""')
+_INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+_NAME = re.compile(r"[A-Za-z_][\w.]*(?:\(\))?")
 
 
 def _closing_paren(text: str, open_at: int) -> int | None:
@@ -155,9 +157,11 @@ def input_candidates(text: str) -> list[str]:
     Beyond ``extract_input``'s forms it reads what has one meaning: a call
     ``test_func(...)`` (or ``f(...)``, ``func(...)``; keyword arguments ``argN=``
     put in position order) in a fence, on an ``Input:`` line or in the prose, a
-    ``>>>`` prompt before it, and ``arg0 = ...`` assignment lines. A fence that
-    holds only a function definition is no input. The environment takes the
-    first candidate that parses as the function's arguments.
+    ``>>>`` prompt before it, ``arg0 = ...`` assignment lines, and, last, the one
+    inline code span of a reply that has exactly one (spans holding a bare name such
+    as `test_func` are not counted). A fence that holds only a function definition
+    is no input. The environment takes the first candidate that parses as the
+    function's arguments.
     """
     body = strip_think(text)
     regions = [fence[1] for fence in reversed(_FENCE.findall(body))]
@@ -169,17 +173,32 @@ def input_candidates(text: str) -> list[str]:
     for region in regions:
         out += [c for c in _region_candidates(region) if c not in out]
     out += [args for args in reversed(_calls(_FENCE.sub("", body))) if args not in out]
+    spans = [
+        span.strip()
+        for span in _INLINE_CODE.findall(_FENCE.sub("", body))
+        if span.strip() and not _NAME.fullmatch(span.strip())
+    ]
+    if len(spans) == 1 and spans[0] not in out:
+        out.append(spans[0])
     return out
 
 
-def no_input_reason(text: str) -> str:
+def expected_form(n_params: int | None = None) -> str:
+    """The argument form an error message asks for: ``(arg0, arg1)``, ``(arg0,)``, ``()``."""
+    if n_params is None:
+        return "(arg0, arg1)"
+    names = ", ".join(f"arg{i}" for i in range(n_params))
+    return f"({names},)" if n_params == 1 else f"({names})"
+
+
+def no_input_reason(text: str, n_params: int | None = None) -> str:
     """Why ``input_candidates`` found nothing in ``text`` (one line the agent is shown)."""
     body = strip_think(text)
     if not body:
         return "empty output"
     if _DEFINITION.search(body):
         return "the reply defines a function instead of giving argument values"
-    return "no input found: expected ```(arg0, arg1)``` or 'Input: …'"
+    return f"no input found: expected ```{expected_form(n_params)}``` or 'Input: …'"
 
 
 def extract_input(text: str) -> InputParse:

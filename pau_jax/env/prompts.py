@@ -115,7 +115,9 @@ def generate_messages(view: EpisodeView) -> list[dict]:
         f"Your plan for the next input:\n{view.reasoning or '(none)'}\n\n"
         f"Now write the arguments for the next call {arity}, one per parameter of the "
         "header, in a fenced block, and nothing else: no function definition, no code, "
-        f"no explanation. For example:\n```\n{example}\n```"
+        f"no explanation. For example:\n```\n{example}\n```\n"
+        "The example shows only the form: choose the values your plan needs, and do not "
+        "repeat a call you have already made."
     )
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 

@@ -5,7 +5,11 @@ to a single policy call; the sandbox calls of the episodes that produced an
 input run in parallel threads over the executor's worker pool. Each finished
 episode is appended to a JSONL file at once (flushed and fsynced), and a rerun
 with the same file skips the episodes already recorded, so a killed run resumes
-without redoing finished work.
+without redoing finished work. The file is a `jsonl` file: a line torn by a
+kill is cut and a corrupt line is moved to `<file>.corrupt` with a warning
+before the run resumes; both episodes are run again. A policy that raises (e.g.
+`http.EndpointError`) stops the run; the episodes not finished are not recorded
+and run again on the next run.
 
 The policy may return plain texts or reply objects with a `.text` (e.g.
 `LocalPolicy.complete`'s `Completion`, with token ids and log-probs);
@@ -17,7 +21,6 @@ times at once (a GRPO group).
 
 import concurrent.futures
 import dataclasses
-import json
 import os
 import pathlib
 import sys
@@ -25,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pau_jax.env import episode
+from pau_jax.env import episode, jsonl
 from pau_jax.env.episode import EpisodeConfig, EpisodeState, Phase
 
 
@@ -134,43 +137,26 @@ def episode_record(
     return record
 
 
-def finished_ids(path: str | os.PathLike) -> set[str]:
-    """Episode ids already recorded in a JSONL file (a torn last line is ignored).
+# Keys every record of an episodes (or scored) file has.
+RECORD_KEYS = ("task_id",)
 
-    Records written before episodes had their own ids count by their task id.
+
+def finished_ids(path: str | os.PathLike) -> set[str]:
+    """Episode ids already recorded in a JSONL file (none when it does not exist).
+
+    Read with `jsonl.read`: a torn last line is ignored, a corrupt line raises
+    `jsonl.CorruptRecordError` (`jsonl.prepare` moves those aside first). Records
+    written before episodes had their own ids count by their task id.
     """
     path = pathlib.Path(path)
-    done = set()
     if not path.exists():
-        return done
-    with path.open() as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                record = json.loads(line)
-                done.add(record.get("episode_id") or record["task_id"])
-            except (json.JSONDecodeError, KeyError):
-                continue  # A line cut by a crash; that episode is run again.
-    return done
+        return set()
+    return {r.get("episode_id") or r["task_id"] for r in jsonl.read(path, required=RECORD_KEYS)}
 
 
 def drop_torn_tail(path: pathlib.Path) -> None:
-    """Cuts a last line left without its newline by a crash, so appends start clean."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with path.open("r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
-
-
-def _append(path: pathlib.Path, record: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Readies a records file for appends: a torn last line cut, corrupt lines moved aside."""
+    jsonl.prepare(path, required=RECORD_KEYS)
 
 
 def _text(reply: Any) -> str:
@@ -200,15 +186,19 @@ def run_episode_states(
       call_timeout_s: wall-clock limit of one sandbox call.
       max_parallel_calls: threads issuing sandbox calls at once.
       progress: print a progress line (episodes done, episodes/s) to stderr.
+
+    Raises:
+      What the policy raises (e.g. `http.EndpointError`), after the episodes
+      finished so far were written to `out_path`.
     """
     ids = [s.episode_id for s in specs]
     if len(set(ids)) != len(ids):
         raise ValueError("episode ids passed to run_episodes must be unique")
     path = pathlib.Path(out_path) if out_path is not None else None
-    skip = finished_ids(path) if path is not None else set()
+    skip = set()
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        drop_torn_tail(path)
+        jsonl.prepare(path, required=RECORD_KEYS)
+        skip = finished_ids(path)
     by_id = {s.episode_id: s for s in specs}
     active = {
         s.episode_id: episode.start(s.task, config) for s in specs if s.episode_id not in skip
@@ -259,7 +249,7 @@ def run_episode_states(
                     )
                 )
                 if path is not None:
-                    _append(path, record)
+                    jsonl.append(path, [record])
             if progress and total:
                 rate = len(finished) / max(time.perf_counter() - t0, 1e-9)
                 print(
@@ -270,6 +260,8 @@ def run_episode_states(
                 )
     finally:
         pool.shutdown(wait=True)
+        if progress and total and active:  # stopped by an error: end the progress line
+            print(file=sys.stderr, flush=True)
     return finished
 
 
@@ -302,12 +294,5 @@ def run_episodes(
 
 
 def load_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All complete records of a JSONL trajectory file."""
-    with pathlib.Path(path).open() as f:
-        out = []
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+    """All records of a JSONL trajectory (or scored) file, in order (see `finished_ids`)."""
+    return jsonl.read(path, required=RECORD_KEYS)

@@ -4,17 +4,19 @@ All pending tasks go into one batched policy call (or one call per chunk of
 `batch_size`); each answer becomes a JSONL record with the fields that
 `score.score_episodes` and `metrics.summarize` read (`task_id`, `prediction`,
 `n_calls = 0`, `observations = []`, ...). Records are appended and fsynced per
-chunk, and a rerun with the same file skips tasks already recorded.
+chunk, and a rerun with the same file skips tasks already recorded (a torn last
+line is cut and a corrupt one moved aside first: `jsonl.prepare`). A policy that
+raises (e.g. `http.EndpointError`) stops the run; the chunk it was answering is
+not recorded and is asked again on the next run.
 """
 
-import json
 import os
 import pathlib
 import sys
 import time
 from collections.abc import Sequence
 
-from pau_jax.env import parse, prompts, runner
+from pau_jax.env import jsonl, parse, prompts, runner
 
 
 def messages(task) -> list[dict]:
@@ -76,16 +78,6 @@ def in_context_record(task, text: str, *, seconds: float, mode: str = "in_contex
     }
 
 
-def _prepare(path: pathlib.Path) -> None:
-    """Creates the folder and cuts a last line left without its newline by a crash."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            with path.open("r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-
-
 def run_in_context(
     specs: Sequence[runner.EpisodeSpec],
     policy,
@@ -113,7 +105,7 @@ def run_in_context(
     path = pathlib.Path(out_path) if out_path is not None else None
     skip = set()
     if path is not None:
-        _prepare(path)
+        jsonl.prepare(path, required=runner.RECORD_KEYS)
         skip = runner.finished_ids(path)
     pending = [s.task for s in specs if s.task.task_id not in skip]
     size = batch_size or max(len(pending), 1)
@@ -128,10 +120,7 @@ def run_in_context(
             for t, x in zip(chunk, texts, strict=True)
         ]
         if path is not None:
-            with path.open("a") as f:
-                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in made)
-                f.flush()
-                os.fsync(f.fileno())
+            jsonl.append(path, made)
         records += made
         if progress:
             label = "in-context" if mode == "in_context" else mode

@@ -17,7 +17,10 @@ After the first interactive run, per test task:
    prediction and whose prompts show the first run's calls.
 
 Every stage appends to its own file under `<run_dir>/memory/` and a rerun skips
-what is there; the second episodes go to `<run_dir>/memory_episodes.jsonl`.
+what is there (each a resumable `jsonl` file: a torn last line is cut and a
+corrupt one moved aside before it is read); the second episodes go to
+`<run_dir>/memory_episodes.jsonl`. An agent or embedder that raises (e.g.
+`http.EndpointError`) stops the run with what the stages wrote kept.
 """
 
 import dataclasses
@@ -30,7 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from pau_jax.env import episode, runner
+from pau_jax.env import episode, jsonl, runner
 from pau_jax.env.parse import strip_think
 from pau_jax.env.prompts import Observation
 
@@ -157,14 +160,13 @@ def _observations(record: dict) -> tuple[Observation, ...]:
 
 
 def _append(path: pathlib.Path, rows: Sequence[dict]) -> None:
-    runner.drop_torn_tail(path)  # a line cut by a crash must not swallow the next row
-    with path.open("a") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-        f.flush()
-        os.fsync(f.fileno())
+    jsonl.prepare(path, required=runner.RECORD_KEYS)  # a torn line must not swallow the next row
+    jsonl.append(path, rows)
 
 
 def _keyed(path: pathlib.Path) -> dict[str, dict]:
+    """Task id -> row of a stage's file, once its torn tail is cut and corrupt lines moved aside."""
+    jsonl.prepare(path, required=runner.RECORD_KEYS)
     return {r["task_id"]: r for r in runner.load_records(path)} if path.exists() else {}
 
 

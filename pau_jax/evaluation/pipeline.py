@@ -25,6 +25,12 @@ Written into `run_dir`, per run name (the mode, and `<mode>+observations` for th
 coder variant that sees the observed calls): `<mode>_episodes.jsonl`
 (resumable), `<run>_scored.jsonl` (resumable), `metrics.json`, `report.md` and
 PNG plots; `memory/` and `ft/` hold the baselines' intermediate files.
+
+A seat (agent, judge, coder, embedder) whose endpoint still fails after its
+retries stops the run with an `http.EndpointError` naming the seat; what was
+written stays and a rerun with the same `run_dir` resumes. A corrupt line of a
+resumable file is moved to `<file>.corrupt` with a warning and its item redone;
+`metrics.json` (`corrupt_records`) and `report.md` count such lines.
 """
 
 import dataclasses
@@ -34,7 +40,7 @@ import pathlib
 import time
 from collections.abc import Sequence
 
-from pau_jax.env import runner
+from pau_jax.env import jsonl, runner
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.evaluation import (
     gold,
@@ -46,7 +52,7 @@ from pau_jax.evaluation import (
 )
 from pau_jax.evaluation import memory as memory_lib
 from pau_jax.policy import backends, embeddings
-from pau_jax.policy.backends import SELF, LocalBackendConfig
+from pau_jax.policy.backends import SELF, LocalBackendConfig, Seat
 from pau_jax.tasks import DatasetConfig, DemoTasksConfig, load_tasks
 
 MODES = ("interactive", "in_context", "memory", "ft", "gold")
@@ -158,6 +164,10 @@ def evaluate(
 
     Returns:
       The metrics written to metrics.json.
+
+    Raises:
+      http.EndpointError: a seat's endpoint still failed after its retries (finished
+        episodes and scores stay in their files; rerun with the same `run_dir`).
     """
     from pau_jax.sandbox import Executor
 
@@ -202,11 +212,13 @@ def evaluate(
         if grading["self_graded"]:
             print("[eval] SELF-GRADED: the judge or the coder is the evaluated model", flush=True)
         seats = backends.Backends(specs)
-        agent = seats.build(policy) if agent_modes or coder == SELF else None
+        # Each seat under its name, so that an endpoint that fails is named by its seat.
+        model = seats.build(policy) if agent_modes or coder == SELF else None
+        agent = Seat("agent", model) if model is not None else None
         judge_policy = None
         if agent_modes:
-            judge_policy = agent if judge == SELF else seats.build(judge_backend)
-        coder_policy = agent if coder == SELF else seats.build(coder_backend)
+            judge_policy = Seat("judge", model if judge == SELF else seats.build(judge_backend))
+        coder_policy = Seat("coder", model if coder == SELF else seats.build(coder_backend))
         ids = {s.task.task_id for s in specs}
         train = None
         if "memory" in modes or "ft" in modes:
@@ -217,6 +229,7 @@ def evaluate(
             if mode == "gold":
                 records = gold.gold_records(specs, references)
                 gold_path = out / "gold_scored.jsonl"
+                jsonl.prepare(gold_path, required=runner.RECORD_KEYS)
                 missing = gold.record_missing(records, references, gold_path)
                 if missing:
                     print(f"[eval] gold: {missing} tasks have no gold description", flush=True)
@@ -249,7 +262,7 @@ def evaluate(
                     train_specs=train[0],
                     train_references=train[1],
                     agent=agent,
-                    embedder=embeddings.LazyEmbedder(memory.embedder),
+                    embedder=backends.EmbedderSeat(memory.embedder),
                     embedder_name=embeddings.describe(memory.embedder),
                     executor=executor,
                     episode_config=episode_config,
@@ -273,7 +286,9 @@ def evaluate(
                     dtype=policy.dtype,
                     tokenizer=policy.tokenizer,
                 )
-                ft_agent = seats.build(dataclasses.replace(policy, adapter_dir=str(adapter)))
+                ft_agent = Seat(
+                    "agent", seats.build(dataclasses.replace(policy, adapter_dir=str(adapter)))
+                )
                 in_context.run_in_context(
                     specs,
                     ft_agent,
@@ -320,9 +335,11 @@ def evaluate(
                 )
                 judged = judged or {r["task_id"]: r for r in scored}
                 runs[name] = scored
+    # Requests that failed after their retries (each stopped its run: 0 in a finished run).
     for name, seat in (("policy", agent), ("judge", judge_policy), ("coder", coder_policy)):
-        if hasattr(seat, "failures"):
-            failures[name] = len(seat.failures)
+        if hasattr(getattr(seat, "policy", None), "failures"):
+            failures[name] = len(seat.policy.failures)
+    corrupt = jsonl.corrupt_counts(out)
 
     seed, n_boot = bootstrap_seed, bootstrap_resamples
     summaries = {name: metrics.summarize(records) for name, records in runs.items()}
@@ -376,6 +393,7 @@ def evaluate(
         "gold": gold_summary,
         "baselines": baselines,
         "backend_failures": failures,
+        "corrupt_records": corrupt,
         "bootstrap": {"seed": seed, "resamples": n_boot},
         "episode_config": dataclasses.asdict(episode_config),
         "seconds": round(time.perf_counter() - t0, 2),
@@ -396,6 +414,11 @@ def evaluate(
             + (f"; each run's code match as a share of it: {shares}" if shares else "")
         ]
     notes += [f"{seat} backend: {n} failed requests" for seat, n in failures.items() if n]
+    notes += [
+        f"{name}: {n} corrupt line{'s' if n != 1 else ''} moved to {name}{jsonl.SIDECAR_SUFFIX} "
+        "(their items were run again)"
+        for name, n in corrupt.items()
+    ]
     path = report.write_report(
         out,
         runs,

@@ -1,10 +1,14 @@
-"""Scores finished episodes: judge rating and code match, added to each episode record."""
+"""Scores finished episodes: judge rating and code match, added to each episode record.
 
-import json
+`score_into_file` appends the scored records to a resumable `jsonl` file chunk
+by chunk. A judge or coder that raises (e.g. `http.EndpointError`) stops the
+scoring: the chunk being scored is not written, and a rerun scores it again.
+"""
+
 import pathlib
 from collections.abc import Sequence
 
-from pau_jax.env import runner
+from pau_jax.env import jsonl, runner
 from pau_jax.evaluation import code_match, failure_modes, judge
 from pau_jax.tasks.reference import TaskReference
 
@@ -108,9 +112,12 @@ def score_into_file(
     batch_size: int,
     timeout_s: float,
 ) -> list[dict]:
-    """Scores the records not yet in `path` in chunks (appending each), returns all scored ones."""
-    done = runner.finished_ids(path) if path.exists() else set()
-    runner.drop_torn_tail(path)  # a line cut by a crash must not swallow the next record
+    """Scores the records not yet in `path` in chunks (appending each), returns all scored ones.
+
+    A torn last line of `path` is cut and a corrupt line moved aside first (`jsonl.prepare`).
+    """
+    jsonl.prepare(path, required=runner.RECORD_KEYS)
+    done = runner.finished_ids(path)
     pending = [r for r in records if r["task_id"] not in done]
     golds = {t: ref.description for t, ref in references.items()}
     for start in range(0, len(pending), batch_size):
@@ -135,8 +142,7 @@ def score_into_file(
                 code_match_below=low_code_match,
                 judge_below=low_judge_score,
             )
-        with path.open("a") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in scored)
+        jsonl.append(path, scored)
         print(
             f"[eval] scored {min(start + batch_size, len(pending))}/{len(pending)} -> {path.name}"
         )

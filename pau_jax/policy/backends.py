@@ -12,6 +12,10 @@ this module does not import JAX: the local backend imports the models, the
 sampler and the tokenizer when it builds. The memory baseline's embedder seat is
 configured alike (`embeddings.LocalEmbeddingConfig`, `embeddings.HTTPEmbeddingConfig`)
 and built by `embeddings.build_embedder`.
+
+`Seat` and `EmbedderSeat` hold a built policy or embedder under its seat's name,
+so that an endpoint that still fails after its retries stops the run with an
+`http.EndpointError` naming the seat, e.g. `judge seat: endpoint http://... failed ...`.
 """
 
 import dataclasses
@@ -19,9 +23,9 @@ import pathlib
 from collections.abc import Sequence
 from typing import Protocol
 
-from pau_jax.policy import Policy, scripted
+from pau_jax.policy import Policy, embeddings, scripted
 from pau_jax.policy.config import SamplingConfig
-from pau_jax.policy.http import HTTPConfig, HTTPPolicy
+from pau_jax.policy.http import EndpointError, HTTPConfig, HTTPPolicy
 
 # A seat given as this string: for a judge or coder, the agent's own backend; for the AAC
 # critic or a distillation teacher, the actor's own base model.
@@ -219,3 +223,59 @@ def resolve_seat(name: str, seat, policy) -> tuple[object, bool]:
             raise ValueError(f"{name} must be a *BackendConfig or '{SELF}', got {seat!r}")
         return policy, True
     return seat, same_model(seat, policy)
+
+
+class Seat:
+    """A built policy in a named seat ('agent', 'judge', 'coder'): its endpoint errors name the seat.
+
+    Calls go to `policy`; the seat has `complete` when the policy has it. An
+    `EndpointError` raised by the policy is raised again with `seat` set, so a
+    judge that is the agent's own endpoint fails as the judge.
+    """
+
+    def __init__(self, name: str, policy: Policy):
+        self.name = name
+        self.policy = policy
+        if hasattr(policy, "complete"):
+            self.complete = self._complete
+
+    def __call__(self, conversations):
+        try:
+            return self.policy(conversations)
+        except EndpointError as e:
+            raise e.for_seat(self.name) from None
+
+    def _complete(self, *args, **kwargs):
+        try:
+            return self.policy.complete(*args, **kwargs)
+        except EndpointError as e:
+            raise e.for_seat(self.name) from None
+
+
+class EmbedderSeat:
+    """The memory baseline's embedder, built on the first `embed`; its endpoint errors name the seat.
+
+    An endpoint embedder (`embeddings.HTTPEmbedder`) raises RuntimeError when a
+    request still fails after its retries; that becomes an `EndpointError` of the
+    'embedder' seat.
+    """
+
+    name = "embedder"
+
+    def __init__(self, config):
+        self.config = config
+        self._embedder = embeddings.LazyEmbedder(config)
+
+    def embed(self, texts):
+        """[len(texts), D] float32 unit vectors."""
+        try:
+            return self._embedder.embed(texts)
+        except EndpointError as e:
+            raise e.for_seat(self.name) from None
+        except RuntimeError as e:
+            if not isinstance(self.config, embeddings.HTTPEmbeddingConfig):
+                raise
+            url = self.config.base_url or "$PAU_OPENAI_EMBEDDING_BASE_URL"
+            raise EndpointError(
+                url=url, model=self.config.model, error=str(e), seat=self.name
+            ) from None

@@ -2,9 +2,12 @@
 
 Requests of one batch run concurrently (bounded by `max_concurrency`). Each is
 retried with exponential backoff on connection errors, timeouts, HTTP 429 and
-5xx answers and unparseable bodies. A request that still fails yields an empty
-reply and a `Failure` record in `failures`; it never raises, so one bad answer
-cannot crash a long run.
+5xx answers and unparseable bodies. A request that still fails is recorded in
+`failures` and raises `EndpointError` (one line: the endpoint, the attempts, the
+error): a failed request is never answered with an empty reply, so nothing is
+scored as if the model had answered. The batch's requests not yet sent are
+dropped and those in flight stop before their next retry. Finished work of the
+caller (episodes and scores written to their files) stays, and a rerun resumes.
 
 Configuration comes from arguments or the environment:
 `PAU_OPENAI_BASE_URL` (or `OPENAI_BASE_URL`), `PAU_OPENAI_MODEL`,
@@ -25,9 +28,60 @@ from collections.abc import Sequence
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
+class EndpointError(RuntimeError):
+    """A request to a model endpoint that still failed after its retries; the run stops.
+
+    Its message is one line: the seat (agent, judge, coder, embedder) when known,
+    the endpoint, the attempts made, the error and what to do.
+
+    Attributes:
+      url: the endpoint (the URL requested, or the configured base URL).
+      error: the last error.
+      attempts: attempts made (None when not known).
+      model: the model name sent (None when not known).
+      seat: the seat the endpoint fills ('' when not known; see `for_seat`).
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        error: str,
+        attempts: int | None = None,
+        model: str | None = None,
+        seat: str = "",
+    ):
+        self.url, self.error, self.attempts, self.model, self.seat = (
+            url,
+            error,
+            attempts,
+            model,
+            seat,
+        )
+        where = f"endpoint {url}" + (f" (model {model})" if model else "")
+        tries = ""
+        if attempts is not None:
+            tries = f" after {attempts} attempt" + ("s" if attempts != 1 else "")
+        super().__init__(
+            (f"{seat} seat: " if seat else "")
+            + f"{where} failed{tries}: {' '.join(error.split())}; "
+            + "work finished so far is saved: fix the endpoint and rerun to resume"
+        )
+
+    def for_seat(self, seat: str) -> "EndpointError":
+        """The same error, naming the seat whose endpoint failed."""
+        return EndpointError(
+            url=self.url, error=self.error, attempts=self.attempts, model=self.model, seat=seat
+        )
+
+
+class _Stopped(Exception):
+    """Ends a request before it is sent or retried: another request of its batch failed."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Failure:
-    """A request that failed after all retries."""
+    """A request that failed after all retries (and raised `EndpointError`)."""
 
     index: int
     attempts: int
@@ -149,7 +203,7 @@ class HTTPPolicy:
     def _post(self, payload: dict) -> dict:
         return post_json(self.url, payload, self.api_key, self.config.timeout_s)
 
-    def _one(self, index: int, messages: Sequence[dict]) -> str:
+    def _one(self, index: int, messages: Sequence[dict], stop: threading.Event) -> str:
         c = self.config
         payload = {
             "model": self.model,
@@ -162,6 +216,8 @@ class HTTPPolicy:
             payload["seed"] = c.seed
         if c.repetition_penalty is not None:
             payload["repetition_penalty"] = c.repetition_penalty
+        if stop.is_set():
+            raise _Stopped
 
         def request() -> str:
             content = self._post(payload)["choices"][0]["message"]["content"]
@@ -170,21 +226,44 @@ class HTTPPolicy:
             return content
 
         ok, content, attempts, error = with_retries(
-            request, max_retries=c.max_retries, backoff_s=c.backoff_s, on_retry=self._count_retry
+            request,
+            max_retries=c.max_retries,
+            backoff_s=c.backoff_s,
+            on_retry=lambda: self._before_retry(stop),
         )
         if ok:
             return content
         with self._lock:
             self.failures.append(Failure(index=index, attempts=attempts, error=error))
-        return ""
+        stop.set()
+        raise EndpointError(url=self.url, model=self.model, attempts=attempts, error=error)
 
-    def _count_retry(self) -> None:
+    def _before_retry(self, stop: threading.Event) -> None:
+        if stop.is_set():
+            raise _Stopped
         with self._lock:
             self.retries += 1
 
     def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
+        """One reply per conversation, in order.
+
+        Raises:
+          EndpointError: a request still failed after its retries (the first such
+            request of the batch; the others are dropped).
+        """
         if not conversations:
             return []
         workers = min(self.config.max_concurrency, len(conversations))
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(self._one, range(len(conversations)), conversations))
+        stop = threading.Event()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+        try:
+            futures = [pool.submit(self._one, i, c, stop) for i, c in enumerate(conversations)]
+            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            if any(f.done() and f.exception() is not None for f in futures):
+                stop.set()  # the rest end at once (queued) or before their next retry
+                concurrent.futures.wait(futures)
+                errors = [f.exception() for f in futures]
+                raise next(e for e in errors if e is not None and not isinstance(e, _Stopped))
+            return [f.result() for f in futures]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -1,38 +1,48 @@
 """Credit assignment: turns per-step rewards of grouped episodes into per-step GRPO advantages.
 
-Each function has the signature ``fn(rewards, group_ids, **constants)`` and is
-chosen by reference (``advantage_fn = @return_to_go``); its constants are bound
-in gin (``pau_jax.rl.credit.return_to_go.gamma = 0.0``).
+The paper says only that the actor is trained with "GRPO on step rewards"; it
+does not say how step rewards become advantages. Every rule here is therefore
+pau_jax's reading (or the released code's), never the paper's own. Each
+function has the signature ``fn(rewards, group_ids, **constants)`` and is chosen
+by reference (``advantage_fn = @process_grpo``); its constants are bound in gin.
+``describe(fn)`` gives the one-line label that run summaries record.
 
-* ``return_to_go`` (paper default): step t gets ``G_t = sum_{k >= t} gamma^(k-t) r_k``,
-  normalised within its GRPO group. With ``normalize="position"`` (default) step t
-  of an episode is compared only with step t of the group's other episodes:
-  ``(G_t - mean_t) / (std_t + eps)`` over the episodes that have a step t (an
-  episode that ended earlier has none). Every episode walks the phases in the
-  same order, so position t compares like with like (a reasoning step with
-  reasoning steps), and a group of identical episodes gets exactly zero
-  advantage everywhere. ``normalize="pooled"`` pools the returns of all
-  positions of the group before normalising (kept for comparison: it turns the
-  step index into a signal, since early positions have larger returns).
-  ``gamma`` defaults to 0, so each step is credited with its own reward. The
-  paper's rewards are dense, per-step judgements (the critic rates each plan and
-  each hypothesis; ``b_term`` rewards a CONTINUE on a bad hypothesis with +1 at
-  that step), so summing later rewards (gamma = 1) lets an episode that keeps
-  CONTINUE-ing on wrong hypotheses until the timeout collect a larger return at
-  step 0 than one that STOPs early and correctly; gamma = 0 ranks the early
-  correct STOP above it (worked example in ``docs/reproducing.md``).
-* ``final_only`` (FINAL ablation): ``return_to_go`` on rewards whose
-  intermediate entries are zeroed, so only the last step's reward reaches the
-  advantages; ``gamma`` defaults to 1 so the outcome reaches every step.
-* ``last_step_broadcast`` (released code): one number per episode, its last
-  step's reward, normalised over the group's episodes (GRPO outcome
-  advantages), broadcast to every step.
+* ``process_grpo`` (default; pau_jax's reading): GRPO with process supervision
+  as DeepSeekMath publishes it (Shao et al. 2024, section 4.1.3), the published
+  reference for GRPO on step rewards. All step rewards of a group are normalised
+  together, ``r~ = (r - mean(R)) / (std(R) + eps)`` with R every step reward of
+  every episode of the group, and step t gets ``sum_{k >= t} r~_k``. Every
+  reward term reaches the gradient: a later hypothesis gain reaches the input
+  that led to it, and the timeout reaches every step of a timed-out episode.
+  Its cost: a step is also compared with the group's other phases, so even a
+  group of identical episodes gets (identical) non-zero advantages where an
+  episode's step rewards vary.
+* ``return_to_go`` (pau_jax's own rule): step t gets ``G_t = sum_{k >= t}
+  gamma^(k-t) r_k``, normalised within its group. With ``normalize="position"``
+  (default) step t of an episode is compared only with step t of the group's
+  other episodes (those that have a step t); a group of identical episodes gets
+  exactly zero. ``normalize="pooled"`` pools all positions (it turns the step
+  index into a signal). ``gamma`` defaults to 0 (each step's own reward). Under
+  gamma = 0 per position a term can act only where another episode of the group
+  reaches the same position: the timeout, which only timed-out episodes reach,
+  never acts, and an input step is credited with its own format terms only.
+* ``final_only`` (FINAL ablation; pau_jax's reading): the default rule where only
+  each episode's last step carries a reward. With one rewarded step per episode
+  process supervision normalises the final rewards over the group's episodes
+  and gives every step its episode's value (outcome supervision), so FINAL
+  differs from the default only in sparsity. The intermediate steps carry no
+  reward rather than a reward of 0, which would be normalised into a per-step
+  penalty of its own. Numerically it equals ``last_step_broadcast``.
+* ``last_step_broadcast`` (the released code): one number per episode, its last
+  step's reward, normalised over the group's episodes, on every step.
 
-The standard deviation uses ``ddof`` (default 1, as ``torch.std``); a position
-(or group) with fewer than ``ddof + 1`` values, or none to compare, gets
-advantage 0.
+The standard deviation uses ``ddof`` (default 1, as ``torch.std``). A set of
+values that are all equal, or too few for a standard deviation, is standardised
+to exactly 0 (tested by equality, not by a computed std of 0, which rounding
+misses); a group of one episode gets 0 under every rule (nothing to compare).
 """
 
+import functools
 from collections.abc import Hashable, Sequence
 from typing import Protocol
 
@@ -66,13 +76,10 @@ def _groups(group_ids: Sequence[Hashable]) -> list[list[int]]:
 
 
 def _standardise(values: np.ndarray, *, eps: float, ddof: int) -> np.ndarray:
-    """(values - mean) / (std + eps); zeros when all are equal or too few for a std."""
-    if values.size < max(2, ddof + 1):
+    """[n] (values - mean) / (std + eps); exactly 0 when all are equal or too few for a std."""
+    if values.size < max(2, ddof + 1) or values.max() == values.min():
         return np.zeros_like(values)
-    std = values.std(ddof=ddof)
-    if std == 0.0:
-        return np.zeros_like(values)
-    return (values - values.mean()) / (std + eps)
+    return (values - values.mean()) / (values.std(ddof=ddof) + eps)
 
 
 def _normalise(
@@ -111,6 +118,42 @@ def discounted_returns(rewards: Sequence[float], gamma: float = 1.0) -> np.ndarr
     return returns
 
 
+def process_grpo(
+    rewards: Sequence[Sequence[float]],
+    group_ids: Sequence[Hashable],
+    *,
+    eps: float = 1e-6,
+    ddof: int = 1,
+) -> list[np.ndarray]:
+    """GRPO with process supervision (DeepSeekMath): group-normalised step rewards, summed onwards.
+
+    Args:
+      rewards: per episode, its step rewards [n_e].
+      group_ids: per episode, the id of its GRPO group (episodes of one prompt).
+      eps: added to the standard deviation.
+      ddof: delta degrees of freedom of the standard deviation.
+
+    Returns:
+      Per episode, [n_e] float32 advantages: step t gets the sum over k >= t of
+      its episode's step rewards normalised by the mean and std of all step
+      rewards of the group. A group of one episode gets 0.
+    """
+    _check(rewards, group_ids)
+    values = [np.asarray(episode, np.float64) for episode in rewards]
+    out = [np.zeros(len(v), np.float32) for v in values]
+    for members in _groups(group_ids):
+        if len(members) < 2:
+            continue
+        members_values = [values[i] for i in members]
+        standard = _normalise(
+            members_values, [0] * len(members), eps=eps, ddof=ddof, normalize="pooled"
+        )
+        for i, normalised in zip(members, standard):
+            suffix = np.cumsum(normalised[::-1].astype(np.float64))[::-1]
+            out[i] = suffix.astype(np.float32)
+    return out
+
+
 def return_to_go(
     rewards: Sequence[Sequence[float]],
     group_ids: Sequence[Hashable],
@@ -145,15 +188,13 @@ def final_only(
     rewards: Sequence[Sequence[float]],
     group_ids: Sequence[Hashable],
     *,
-    gamma: float = 1.0,
-    normalize: str = "position",
     eps: float = 1e-6,
     ddof: int = 1,
 ) -> list[np.ndarray]:
-    """``return_to_go`` on the final step's reward alone (intermediate rewards set to 0)."""
+    """``process_grpo`` with only each episode's final step rewarded: its value on every step."""
     _check(rewards, group_ids)
-    sparse = [[0.0] * (len(episode) - 1) + [float(episode[-1])] for episode in rewards]
-    return return_to_go(sparse, group_ids, gamma=gamma, normalize=normalize, eps=eps, ddof=ddof)
+    finals = process_grpo([[float(e[-1])] for e in rewards], group_ids, eps=eps, ddof=ddof)
+    return [np.full(len(e), f[0], np.float32) for e, f in zip(rewards, finals)]
 
 
 def last_step_broadcast(
@@ -168,3 +209,46 @@ def last_step_broadcast(
     finals = [np.array([float(episode[-1])]) for episode in rewards]
     per_episode = _normalise(finals, group_ids, eps=eps, ddof=ddof, normalize="pooled")
     return [np.full(len(episode), adv[0], np.float32) for episode, adv in zip(rewards, per_episode)]
+
+
+_LABELS = {
+    process_grpo: (
+        "GRPO with process supervision (DeepSeekMath): every step reward normalised over all "
+        "steps of its group, each step credited with the sum from it on; pau_jax's reading "
+        "of the paper's 'GRPO on step rewards'"
+    ),
+    return_to_go: (
+        "return-to-go normalised within the group (per step position by default); "
+        "pau_jax's reading, not the paper's"
+    ),
+    final_only: (
+        "FINAL: process supervision on the final step's reward alone (outcome GRPO, "
+        "broadcast to every step); pau_jax's reading of the paper's FINAL ablation"
+    ),
+    last_step_broadcast: (
+        "the last step's reward normalised over the group's episodes, broadcast to every "
+        "step; the released code's credit"
+    ),
+}
+
+
+def describe(fn) -> str:
+    """One line naming the credit rule ``fn`` and where it comes from (for run summaries).
+
+    Accepts the functions of this module (also as gin wraps them, or as a
+    ``functools.partial``, whose keywords are listed) and any other callable,
+    named by its module and name. Constants bound in gin are not visible here;
+    the run's operative config records them.
+    """
+    keywords = {}
+    while isinstance(fn, functools.partial):
+        keywords = {**fn.keywords, **keywords}
+        fn = fn.func
+    fn = getattr(fn, "__wrapped__", fn)
+    name = getattr(fn, "__name__", type(fn).__name__)
+    label = _LABELS.get(fn)
+    if label is None:
+        module = getattr(fn, "__module__", None) or "?"
+        label = f"a credit function outside pau_jax.rl.credit ({module}.{name})"
+    constants = ", ".join(f"{k}={v!r}" for k, v in sorted(keywords.items()))
+    return f"{name}: {label}" + (f" [{constants}]" if constants else "")

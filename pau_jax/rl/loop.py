@@ -3,24 +3,29 @@
 ``train`` reads top to bottom: open the run (``training.run``: mesh → actor
 with adapters → checkpointer) → tasks (``tasks.load_tasks``) → learner →
 resume → per step: sampler layout → task groups → ``rollout.collect`` →
-``samples.make_batch`` → learner layout → train step → sync → log →
-checkpoint → optional evaluation → PEFT adapter export. Every argument is
+``samples.make_batch`` → learner layout → train step → sync → optional
+evaluation → log → checkpoint → PEFT adapter export. Every argument is
 keyword-only and gin-bindable (``pau_jax.experiment.train``). Distillation is
 its own run mode (``sft.distill.distill``).
 
 Resuming: a run directory that already holds a checkpoint continues from its
 latest step, with the train state, the data position and the sampling seeds it
-had, so an interrupted run and an uninterrupted one take the same steps.
+had, so an interrupted run and an uninterrupted one take the same steps. Each
+step writes one metrics row (training and, when due, evaluation metrics) before
+its checkpoint is started; a resumed run drops the rows of the steps after its
+checkpoint and takes them again, so every step is logged once. The checkpoint
+also keeps the step's metrics, so a rerun of a finished run reports them.
 """
 
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from pau_jax import parallel
+from pau_jax import metrics_writer, parallel
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.env.runner import EpisodeSpec
 from pau_jax.policy import backends
@@ -92,11 +97,14 @@ def _from_run(name: str, config, field: str, value):
     return value
 
 
-def _resume(r: run_lib.Run, state, seed: int) -> tuple[object, int]:
-    """(train state, task position) of the latest checkpoint of this run, or the fresh ones."""
+def _resume(r: run_lib.Run, state, seed: int) -> tuple[object, int, dict]:
+    """(train state, task position, metrics of the step) of this run's latest checkpoint.
+
+    The fresh state, position 0 and no metrics when the run has no checkpoint.
+    """
     latest = r.checkpointer.latest_step()
     if latest is None:
-        return state, 0
+        return state, 0, {}
     state, extra = r.checkpointer.restore(latest, state)
     if extra.get("seed") != seed or extra.get("mode", "grpo") != "grpo":
         raise ValueError(
@@ -107,7 +115,17 @@ def _resume(r: run_lib.Run, state, seed: int) -> tuple[object, int]:
         f"[train] resuming from step {latest} (task position {extra['data_position']})",
         flush=True,
     )
-    return state, int(extra["data_position"])
+    if "last_metrics" in extra:  # JSON text: the metrics may hold NaN, which JSON values may not.
+        last = json.loads(extra["last_metrics"])
+    else:  # A checkpoint of an older version: the step's row of metrics.jsonl.
+        rows = [row for row in metrics_writer.read_rows(r.out) if row["step"] == latest]
+        last = {
+            name: value
+            for row in rows
+            for name, value in row.items()
+            if name not in ("step", "time") and not name.startswith("eval/")
+        }
+    return state, int(extra["data_position"]), last
 
 
 def train(
@@ -123,7 +141,7 @@ def train(
     critic="self",
     critic_config: CriticConfig = CriticConfig(),
     reward_config: RewardConfig | None = None,
-    advantage_fn: Callable = credit.return_to_go,
+    advantage_fn: Callable = credit.process_grpo,
     learner_config: LearnerConfig = LearnerConfig(),
     epochs: float = 5.0,
     steps: int | None = None,
@@ -154,7 +172,7 @@ def train(
       critic_config: the critic's prompts and sampling (with ``critic='self'``).
       reward_config: the reward schedule (None: defaults); its ``max_steps`` is set
         from ``episode_config.max_steps`` (T_max, one setting).
-      advantage_fn: the credit function (``@pau_jax.rl.credit.return_to_go``, ...).
+      advantage_fn: the credit function (``@pau_jax.rl.credit.process_grpo``, ...).
       learner_config: optimiser and GRPO constants.
       epochs: passes over the training tasks (used when ``steps`` is None).
       steps: number of training steps; overrides ``epochs``.
@@ -209,12 +227,12 @@ def train(
             state = parallel.shard_state(state, r.mesh)
             shardings = parallel.train_step_shardings(r.model, state, r.mesh)
         train_step = learner.make_train_step(r.model, learner_config, **shardings)
-        state, position = _resume(r, state, seed)
+        state, position, last = _resume(r, state, seed)
         learner.sync_model(r.model, state)
         rows = math.lcm(rows_multiple, learner_config.micro_batch_size or 1, _batch_shards(r))
         k = rollout_config.tasks_per_batch
         total = steps if steps is not None else math.ceil(epochs * len(specs) / k)
-        step, last = int(state.step), {}
+        step = int(state.step)
         while step < total:
             t0 = time.perf_counter()
             reshard_s = r.to_layout(parallel.SAMPLER_RULES)
@@ -246,20 +264,34 @@ def train(
             learner.sync_model(r.model, state)
             position, step = position + k, step + 1
             last = _metrics(rollout, train_metrics, batch, t0, t1, reshard_s, r.mesh)
-            r.writer.write(step, last)
             print(
                 f"[train] step {step}/{total} loss={last['train/loss']:.4f} "
                 f"reward={last['rollout/reward_mean']:.3f}",
                 flush=True,
             )
-            if step % checkpoint_every == 0 or step == total:
-                extra = {"seed": seed, "data_position": position, "step": step, "mode": "grpo"}
-                r.checkpointer.save(step, state, extra=extra)
+            row = dict(last)
             if eval_fn is not None and eval_every and step % eval_every == 0:
                 found = eval_fn(step=step, model=r.model, tokenizer=r.tokenizer, executor=executor)
-                r.writer.write(step, {f"eval/{name}": float(v) for name, v in found.items()})
+                row.update({f"eval/{name}": float(v) for name, v in found.items()})
+            # One row per step, written before the step's checkpoint starts: a resumed run
+            # keeps the rows up to its checkpoint and redoes the later steps (training.run).
+            r.writer.write(step, row)
+            if step % checkpoint_every == 0 or step == total:
+                extra = {
+                    "seed": seed,
+                    "data_position": position,
+                    "step": step,
+                    "mode": "grpo",
+                    "last_metrics": json.dumps(last),
+                }
+                r.checkpointer.save(step, state, extra=extra)
         summary = {"mode": "grpo", "steps": step, "data_position": position}
-        summary.update(teacher=None, self_distillation=False, last_metrics=last)
+        summary.update(
+            teacher=None,
+            self_distillation=False,
+            credit=credit.describe(advantage_fn),
+            last_metrics=last,
+        )
         return r.finish(summary)
 
 

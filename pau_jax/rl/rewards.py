@@ -9,23 +9,38 @@ Every step of an episode is one phase and gets one scalar reward:
 * reflection (``Phase.REVISE``): ``failure_reward * [parse failed]
   + lambda_h * (s + b_term(done, s)) + r_len(n; reflection_tau, reflection_alpha)``;
 
-and an episode cut off at ``max_steps`` gets ``timeout_reward`` (-1.0) on its last
-step (``RewardConfig.timeout_rule``: ``"add"``, the paper's "final timeout
-penalty", adds it to that step's own terms; ``"replace"``, the released code,
-makes it that step's whole reward: the released environment stops at the step
-limit without scoring the step). ``s`` is the critic's score in [0, 1] for that
-step; ``n`` is a number of whitespace-separated words: for an input step, the
-words of the parsed input (the argument text the environment extracted, as the
-paper's ``r_len(input; 30, 0.5)`` and the released environment count it; 0 when
-no input could be extracted, which the failure term already punishes); for a
-reasoning or reflection step, the words of the reply with its ``<think>`` blocks
-removed. Thinking is not counted because the paper's rewards are functions of
-the response the environment receives, which the released environment takes
-after ``</think>``; counting it would make the penalty punish thinking itself
-(its length is bounded by the token budget instead). ``b_term(done, s)`` is
-``+1`` if done and s > 0.7, ``-1`` if done and s <= 0.7, ``+1`` if not done and
-s < 0.3, else 0; ``done`` is True only on the reflection step whose STOP ended
-the episode.
+and an episode cut off at ``max_steps`` gets ``timeout_reward`` (-1.0), the
+paper's "final timeout penalty" (where it lands: below). ``s`` is the critic's
+score in [0, 1] for that step; ``n`` is a number of whitespace-separated words:
+for an input step, the words of the parsed input (the argument text the
+environment extracted, as the paper's ``r_len(input; 30, 0.5)`` and the released
+environment count it; 0 when no input could be extracted, which the failure term
+already punishes); for a reasoning or reflection step, the words of the reply
+with its ``<think>`` blocks removed. Thinking is not counted because the paper's
+rewards are functions of the response the environment receives, which the
+released environment takes after ``</think>``; counting it would make the
+penalty punish thinking itself (its length is bounded by the token budget
+instead). ``b_term(done, s)`` is ``+1`` if done and s > 0.7, ``-1`` if done and
+s <= 0.7, ``+1`` if not done and s < 0.3, else 0; ``done`` is True on the
+reflection step whose STOP ended the episode (and on a futile CONTINUE, below).
+
+A CONTINUE after which no call can be made (the last reflection before T_max,
+or one said when the call budget is spent) explores nothing: the episode can
+only end. Read literally, ``b_term`` pays +1 for a CONTINUE with s < 0.3 even
+there, 4 more than a STOP, and nothing charges for the step the limit still
+allows. ``RewardConfig.futile_continue`` chooses:
+
+* ``"end"`` (default; pau_jax's reading where the paper is silent): such a
+  CONTINUE is scored as the end of the episode it is, ``b_term(True, s)``, and
+  the steps after it (plans no call can follow) get no critic term, only their
+  length penalty and, on the last, the timeout. It earns what a STOP at the same
+  point earns, and the step it buys costs at least the timeout.
+* ``"literal"`` (the released code): ``b_term(False, s)`` as written.
+
+``RewardConfig.timeout_rule``: ``"add"`` (paper) adds the timeout to the last
+step's own terms; ``"replace"`` (the released code) makes it the last step's
+whole reward: the released environment stops at the step limit without scoring
+the step.
 
 A critic score of None (the critic's reply could not be parsed) drops every
 term that needs it: a reasoning step then gets ``r_len`` only, a reflection
@@ -35,7 +50,13 @@ on that reward.
 
 Two length penalties (``RewardConfig.length_penalty``):
 
-* ``"paper"``: ``r_len(n; tau, alpha) = -min(1, alpha * max(0, n - tau))``;
+* ``"paper"``: ``r_len(n; tau, alpha) = -min(cap, alpha * max(0, n - tau))`` with
+  ``cap = 1`` for reasoning and input steps (the paper's formula) and
+  ``cap = reflection_length_cap`` (0.5) for reflection steps. The paper gives
+  the reflection's r_len no constants; with a cap of 1 a long correct STOP
+  (2 * (0.7 + 1) - 1 = 2.4) ranked below a short CONTINUE on a bad hypothesis
+  (2 * (0.3 + 1) = 2.6), so pau_jax caps it below the gap
+  ``lambda_h * (stop_threshold - continue_threshold)`` (0.8);
 * ``"released"``: ``-max(1, (n - tau) / (2 * tau))`` for ``n > tau``, else 0, as
   the released code writes it (``max``, not ``min``: any output over ``tau``
   words costs at least 1, and the cost grows without bound; ``alpha`` is unused).
@@ -49,6 +70,7 @@ from pau_jax.env.episode import EpisodeState, Phase
 
 LENGTH_PENALTIES = ("paper", "released")
 TIMEOUT_RULES = ("add", "replace")
+FUTILE_CONTINUE = ("end", "literal")
 TERMS = ("critic", "termination", "execution", "length", "timeout")
 
 
@@ -66,6 +88,9 @@ class RewardConfig:
       reflection_tau, reflection_alpha: r_len of reflection steps. The paper
         adds an r_len to the reflection reward without giving its constants;
         these default to the reasoning step's (100 words, 0.05 per word).
+      reflection_length_cap: the largest reflection r_len ("paper" mode; pau_jax's
+        reading): below ``lambda_h * (stop_threshold - continue_threshold)`` so
+        that length never ranks a correct STOP below a CONTINUE on a bad hypothesis.
       stop_threshold: a STOP with a score above this is correct.
       continue_threshold: a CONTINUE with a score below this is correct.
       correct_stop_bonus: b_term of a correct STOP.
@@ -74,6 +99,9 @@ class RewardConfig:
       timeout_reward: the timeout penalty of an episode cut off at ``max_steps``.
       timeout_rule: ``"add"`` (paper: added to the last step's own reward) or
         ``"replace"`` (released code: the last step's whole reward).
+      futile_continue: ``"end"`` (a CONTINUE with no call left is scored as the
+        end it is; the plans after it get no critic term) or ``"literal"``
+        (released code: ``b_term`` as written).
       length_penalty: ``"paper"`` or ``"released"`` (see the module docstring).
     """
 
@@ -86,6 +114,7 @@ class RewardConfig:
     input_alpha: float = 0.5
     reflection_tau: int = 100
     reflection_alpha: float = 0.05
+    reflection_length_cap: float = 0.5
     stop_threshold: float = 0.7
     continue_threshold: float = 0.3
     correct_stop_bonus: float = 1.0
@@ -93,6 +122,7 @@ class RewardConfig:
     correct_continue_bonus: float = 1.0
     timeout_reward: float = -1.0
     timeout_rule: str = "add"
+    futile_continue: str = "end"
     length_penalty: str = "paper"
 
     def __post_init__(self):
@@ -103,6 +133,14 @@ class RewardConfig:
         if self.timeout_rule not in TIMEOUT_RULES:
             raise ValueError(
                 f"timeout_rule must be one of {TIMEOUT_RULES}, got {self.timeout_rule!r}"
+            )
+        if self.futile_continue not in FUTILE_CONTINUE:
+            raise ValueError(
+                f"futile_continue must be one of {FUTILE_CONTINUE}, got {self.futile_continue!r}"
+            )
+        if self.reflection_length_cap < 0:
+            raise ValueError(
+                f"reflection_length_cap must be >= 0, got {self.reflection_length_cap}"
             )
         if self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
@@ -149,11 +187,14 @@ class EpisodeRecord:
       steps: the steps in order.
       done: the agent ended the episode with STOP (on its last step, a reflection).
       timed_out: the episode was cut off at the step limit T_max.
+      budget_spent: the episode ended after a reflection because the call budget
+        was spent.
     """
 
     steps: tuple[StepRecord, ...]
     done: bool
     timed_out: bool
+    budget_spent: bool = False
 
 
 def record_from_state(state: EpisodeState, scores: Sequence[float | None]) -> EpisodeRecord:
@@ -186,6 +227,7 @@ def record_from_state(state: EpisodeState, scores: Sequence[float | None]) -> Ep
         steps=steps,
         done=state.finish_reason == "stop",
         timed_out=state.finish_reason == "max_steps",
+        budget_spent=state.finish_reason == "budget",
     )
 
 
@@ -201,10 +243,15 @@ def counted_words(step: StepRecord) -> int:
     return count_words(parse.strip_think(step.output))
 
 
-def length_penalty(n_words: int, *, tau: int, alpha: float, mode: str = "paper") -> float:
-    """r_len: 0 up to ``tau`` words, negative beyond (formulas in the module docstring)."""
+def length_penalty(
+    n_words: int, *, tau: int, alpha: float, mode: str = "paper", cap: float = 1.0
+) -> float:
+    """r_len: 0 up to ``tau`` words, negative beyond (formulas in the module docstring).
+
+    ``cap`` bounds the "paper" penalty (the paper's formula has 1); "released" ignores it.
+    """
     if mode == "paper":
-        return -min(1.0, alpha * max(0, n_words - tau))
+        return -min(cap, alpha * max(0, n_words - tau))
     if mode == "released":
         return -max(1.0, (n_words - tau) / (2 * tau)) if n_words > tau else 0.0
     raise ValueError(f"length penalty mode must be one of {LENGTH_PENALTIES}, got {mode!r}")
@@ -255,11 +302,33 @@ def step_terms(step: StepRecord, *, done: bool, config: RewardConfig) -> dict[st
             terms["critic"] = config.lambda_h * float(step.score)
             terms["termination"] = config.lambda_h * termination_bonus(done, step.score, config)
         terms["length"] = length_penalty(
-            n, tau=config.reflection_tau, alpha=config.reflection_alpha, mode=mode
+            n,
+            tau=config.reflection_tau,
+            alpha=config.reflection_alpha,
+            mode=mode,
+            cap=config.reflection_length_cap,
         )
     else:
         raise ValueError(f"a step cannot be in phase {step.phase.value}")
     return terms
+
+
+def futile_continue_index(record: EpisodeRecord) -> int | None:
+    """Index of the reflection whose CONTINUE left no call to make, or None.
+
+    That is the last reflection of an episode that ended without STOP because
+    no call was left (timed out, or the budget spent) when no input step follows
+    it: nothing the agent did after it could call the function again.
+    """
+    if record.done or not (record.timed_out or record.budget_spent):
+        return None
+    for i in range(len(record.steps) - 1, -1, -1):
+        phase = record.steps[i].phase
+        if phase is Phase.GENERATE:
+            return None
+        if phase is Phase.REVISE:
+            return i
+    return None
 
 
 def episode_terms(record: EpisodeRecord, config: RewardConfig) -> list[dict[str, float]]:
@@ -269,17 +338,25 @@ def episode_terms(record: EpisodeRecord, config: RewardConfig) -> list[dict[str,
     only its ``timeout`` term.
     """
     steps = record.steps
-    if record.done and record.timed_out:
-        raise ValueError("an episode cannot both end by STOP (done) and time out")
+    if record.done + record.timed_out + record.budget_spent > 1:
+        raise ValueError(
+            "an episode ends one way: by STOP (done), at the step limit (timed_out) or with the "
+            "budget spent (budget_spent); set one of them"
+        )
     if record.done and (not steps or steps[-1].phase is not Phase.REVISE):
         raise ValueError("done=True needs a reflection (REVISE) step last: STOP is said there")
+    if record.budget_spent and (not steps or steps[-1].phase is not Phase.REVISE):
+        raise ValueError("budget_spent=True needs a reflection (REVISE) step last")
     if record.timed_out and not steps:
         raise ValueError("a timed-out episode needs at least one step")
     last = len(steps) - 1
-    terms = [
-        step_terms(step, done=record.done and i == last, config=config)
-        for i, step in enumerate(steps)
-    ]
+    futile = futile_continue_index(record) if config.futile_continue == "end" else None
+    # The step whose decision ended the episode: the STOP, or (under "end") the futile CONTINUE.
+    end = last if record.done else futile
+    terms = [step_terms(step, done=i == end, config=config) for i, step in enumerate(steps)]
+    if futile is not None:
+        for t in terms[futile + 1 :]:
+            t["critic"] = t["termination"] = 0.0
     if record.timed_out:
         if config.timeout_rule == "replace":
             terms[-1] = dict.fromkeys(TERMS, 0.0)

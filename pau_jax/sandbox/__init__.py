@@ -15,11 +15,12 @@ without re-importing the parent's ``__main__``, each in its own session, with a 
 environment (the parent's variables are not passed on) and a fixed PYTHONHASHSEED. Each
 worker confines itself before running anything: a new network namespace with no interface
 up, a mount namespace in which everything but its private directory is read-only, a switch to
-an unprivileged user when started as root (so RLIMIT_NPROC=0 forbids processes and threads),
-rlimits on address space, CPU time, processes, open files and file size, a parent-death signal,
-and an audit hook (`guard`) that refuses sockets, processes, ctypes, signals to other
-processes, reading other processes' files and file writes outside its directory with
-``PermissionError("sandbox: ... is not allowed")``. ``Executor.isolation`` says which OS layers
+an unprivileged user when started as root (so RLIMIT_NPROC=0 forbids processes and threads, and
+files only root or other users may read, like ``/etc/shadow``, stay closed), no capability in
+any set, no_new_privs, rlimits on address space, CPU time, processes, open files and file
+size, a parent-death signal, and an audit hook (`guard`) that refuses sockets, processes,
+ctypes, signals to other processes, reading other processes' files and file writes outside its
+directory with ``PermissionError("sandbox: ... is not allowed")``. ``Executor.isolation`` says which OS layers
 the machine allowed (the audit hook and rlimits apply everywhere). A worker compiles each
 source once (cached by content hash) under a real file name, runs every call in a fresh module
 namespace, and restores process state afterwards (builtins, streams, ``sys`` settings,

@@ -32,8 +32,12 @@ class SandboxConfig:
         when the OS allows it.
       read_only_filesystem: put each worker in a new mount namespace in which every mount but
         the worker's private directory is read-only, when the OS allows it.
-      drop_privileges: when started as root, run workers as ``sandbox_uid`` with only the
-        capability to read files (CAP_DAC_READ_SEARCH), so the process and file limits apply.
+      drop_privileges: when started as root, run workers as user and group ``sandbox_uid``, so
+        file permissions and the process limit apply to them (root-only and other users' files
+        and other processes' ``/proc`` files cannot be read). Directories above the interpreter
+        that this user may not search are covered in the worker's mount namespace (see
+        `privileges`). Workers hold no capability either way; False keeps them user 0, which
+        can still read files whose owner is root.
       sandbox_uid: user and group id used by ``drop_privileges``.
       python: interpreter that runs the workers; None means ``sys.executable``.
       preload_modules: standard modules imported by each worker before any call (faster first

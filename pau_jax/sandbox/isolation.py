@@ -1,90 +1,33 @@
-"""OS confinement of a sandbox worker: namespaces, read-only mounts, user switch and rlimits.
+"""OS confinement of a sandbox worker: namespaces, read-only mounts, privileges and rlimits.
 
 Each step is applied when the OS permits it and reported otherwise, so a worker started by an
-unprivileged user still runs with resource limits and the audit hook (see `guard`).
+unprivileged user still runs with resource limits and the audit hook (see `guard`). What a
+worker ends up with, by how it was started:
+
+* as root (the default ``drop_privileges=True``): its own network and mount namespaces, every
+  mount read-only but its directory, user and group ``sandbox_uid`` and no capability in any
+  set (see `privileges`), PR_SET_NO_NEW_PRIVS, not dumpable, rlimits. If the mount namespace
+  is refused (no CAP_SYS_ADMIN, as in a default container) and the standard library lies
+  below a directory the sandbox user may not search, the worker refuses to start
+  (RuntimeError naming the directory) instead of running with a broken interpreter.
+* as root with ``drop_privileges=False``: the same, but it stays user 0, still without
+  capabilities: files whose owner is root and whose mode lets the owner read (``/etc/shadow``,
+  mode 0640, for instance) stay readable; files of other users not readable by others, and
+  other processes' ``/proc`` files, do not.
+* as an unprivileged user: namespaces only where user namespaces or capabilities allow them;
+  it keeps its uid, its permitted, effective, inheritable and ambient sets are emptied, and the
+  bounding set stays as inherited (dropping it needs CAP_SETPCAP; with no_new_privs and no
+  permitted capabilities nothing can use it); ``capabilities`` and ``notes`` say so.
+* without prctl (not Linux, or no C library through ctypes): only rlimits and the audit hook;
+  ``no_new_privs`` is False, and a root worker asked to drop privileges refuses to start.
 """
 
-import ctypes
 import os
 import resource
 import signal
 from typing import Any
 
-_CLONE_NEWNS = 0x00020000
-_CLONE_NEWNET = 0x40000000
-_MS_BIND = 0x1000
-_MS_REC = 0x4000
-_MS_PRIVATE = 1 << 18
-_MOUNT_ATTR_RDONLY = 0x1
-_AT_FDCWD = -100
-_AT_RECURSIVE = 0x8000
-_SYS_MOUNT_SETATTR = 442  # The same number on every Linux architecture.
-_PR_SET_PDEATHSIG = 1
-_PR_SET_KEEPCAPS = 8
-_PR_SET_NO_NEW_PRIVS = 38
-_CAP_DAC_READ_SEARCH = 2
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [
-        ("attr_set", ctypes.c_uint64),
-        ("attr_clr", ctypes.c_uint64),
-        ("propagation", ctypes.c_uint64),
-        ("userns_fd", ctypes.c_uint64),
-    ]
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    ]
-
-
-class _Libc:
-    def __init__(self):
-        self.lib = ctypes.CDLL(None, use_errno=True)
-
-    def check(self, result: int, what: str) -> None:
-        if result != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
-    def unshare(self, flags: int) -> None:
-        self.check(self.lib.unshare(flags), "unshare")
-
-    def mount(self, source: str | None, target: str, flags: int) -> None:
-        src = source.encode() if source else None
-        self.check(self.lib.mount(src, target.encode(), None, flags, None), f"mount {target}")
-
-    def set_read_only(self, path: str, read_only: bool) -> None:
-        attr = _MountAttr(
-            _MOUNT_ATTR_RDONLY if read_only else 0, 0 if read_only else _MOUNT_ATTR_RDONLY, 0, 0
-        )
-        result = self.lib.syscall(
-            _SYS_MOUNT_SETATTR,
-            _AT_FDCWD,
-            path.encode(),
-            _AT_RECURSIVE,
-            ctypes.byref(attr),
-            ctypes.sizeof(attr),
-        )
-        self.check(result, f"mount_setattr {path}")
-
-    def prctl(self, option: int, value: int) -> None:
-        self.check(self.lib.prctl(option, value, 0, 0, 0), f"prctl {option}")
-
-    def keep_only_read_capability(self) -> None:
-        header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-        data = (_CapData * 2)()
-        data[0].effective = data[0].permitted = 1 << _CAP_DAC_READ_SEARCH
-        self.check(self.lib.capset(ctypes.byref(header), data), "capset")
+from pau_jax.sandbox import privileges, syscalls
 
 
 def confine(root: str, config: dict[str, Any], parent_pid: int) -> dict[str, Any]:
@@ -97,46 +40,67 @@ def confine(root: str, config: dict[str, Any], parent_pid: int) -> dict[str, Any
         started it ends, and exits now if the parent is already gone.
 
     Returns:
-      What was applied: ``network_namespace``, ``read_only_filesystem`` (bools), ``uid`` (the
-      user the worker runs as), ``no_new_privs`` and ``notes`` (why a step was skipped).
+      What was applied: ``network_namespace``, ``read_only_filesystem``, ``no_new_privs``
+      (bools), ``uid`` (the user the worker runs as), ``capabilities`` (the bit mask of each
+      capability set after the drop, `privileges.capability_sets`), ``covered_directories``
+      (directories replaced by a tmpfs exposing only what the worker reads,
+      `privileges.expose`) and ``notes`` (why a step was skipped).
+
+    Raises:
+      RuntimeError: a step the configuration requires as root failed (user switch, writable
+        worker directory, readable standard library).
     """
     notes: list[str] = []
-    info: dict[str, Any] = {"network_namespace": False, "read_only_filesystem": False}
+    info: dict[str, Any] = {
+        "network_namespace": False,
+        "read_only_filesystem": False,
+        "covered_directories": [],
+    }
     try:
-        libc = _Libc()
-        libc.prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        libc = syscalls.Libc()
+        libc.prctl(syscalls.PR_SET_NO_NEW_PRIVS, 1)
         info["no_new_privs"] = True
     except (OSError, AttributeError) as exc:
         info["no_new_privs"] = False
         notes.append(f"no_new_privs: {exc}")
         libc = None
-    wanted = []
-    if config["network_namespace"]:
-        wanted.append(("network_namespace", _CLONE_NEWNET))
-    if config["read_only_filesystem"]:
-        wanted.append(("read_only_filesystem", _CLONE_NEWNS))
-    for name, flag in wanted if libc is not None else []:
+    switch = config["drop_privileges"] and os.geteuid() == 0
+    uid = config["sandbox_uid"]
+    essential, other = privileges.needed_paths(root)
+    if libc is not None and config["network_namespace"]:
         try:
-            libc.unshare(flag)
-            if flag == _CLONE_NEWNS:
-                _read_only_except(libc, root)
-        except (OSError, AttributeError) as exc:
-            notes.append(f"{name}: {exc}")
-            continue
-        info[name] = True
-    if config["drop_privileges"] and os.geteuid() == 0:
-        if libc is None:
-            raise RuntimeError(
-                "cannot drop root privileges without libc; set SandboxConfig(drop_privileges=False)"
-            )
-        _switch_user(libc, root, config["sandbox_uid"])
-    info["uid"] = os.getuid()
+            libc.unshare(syscalls.CLONE_NEWNET)
+            info["network_namespace"] = True
+        except OSError as exc:
+            notes.append(f"network_namespace: {exc}")
+    if libc is not None and (config["read_only_filesystem"] or switch):
+        _new_mount_namespace(libc, root, config, essential + other if switch else [], info, notes)
+    if switch and libc is None:
+        raise RuntimeError(
+            "cannot drop root privileges without libc; set SandboxConfig(drop_privileges=False)"
+        )
     if libc is not None:
-        # Set after the user switch, which clears it.
-        try:
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError) as exc:
-            notes.append(f"parent death signal: {exc}")
+        notes.extend(privileges.drop_bounding_set(libc))
+    if switch:
+        privileges.switch_user(root, uid)
+    if libc is not None:
+        notes.extend(privileges.drop_capabilities(libc))
+    if switch:
+        notes.extend(privileges.check_readable(essential, other, uid))
+    if libc is not None:
+        # After the user switch, which clears the parent-death signal. Not dumpable: the
+        # worker's /proc files stay root's, so workers running as the same user cannot read or
+        # trace one another.
+        for option, value, what in (
+            (syscalls.PR_SET_PDEATHSIG, signal.SIGKILL, "parent death signal"),
+            (syscalls.PR_SET_DUMPABLE, 0, "not dumpable"),
+        ):
+            try:
+                libc.prctl(option, value)
+            except OSError as exc:
+                notes.append(f"{what}: {exc}")
+    info["uid"] = os.getuid()
+    info["capabilities"] = privileges.capability_sets()
     if os.getppid() != parent_pid:
         os._exit(0)
     notes.extend(_set_limits(config))
@@ -144,10 +108,46 @@ def confine(root: str, config: dict[str, Any], parent_pid: int) -> dict[str, Any
     return info
 
 
-def _read_only_except(libc: _Libc, root: str) -> None:
-    """Makes every mount of this (new) mount namespace read-only except ``root``."""
-    libc.mount(None, "/", _MS_REC | _MS_PRIVATE)
-    libc.mount(root, root, _MS_BIND | _MS_REC)
+def _new_mount_namespace(
+    libc: syscalls.Libc,
+    root: str,
+    config: dict[str, Any],
+    exposed: list[str],
+    info: dict[str, Any],
+    notes: list[str],
+) -> None:
+    """Moves the process to a private mount namespace and applies the mount steps.
+
+    Covers the directories above ``exposed`` that the sandbox user may not search, and makes
+    every mount but ``root`` read-only when ``config`` asks for it; fills ``info`` and ``notes``.
+    """
+    try:
+        libc.unshare(syscalls.CLONE_NEWNS)
+        libc.mount(None, "/", syscalls.MS_REC | syscalls.MS_PRIVATE)
+    except OSError as exc:
+        notes.append(f"mount namespace: {exc}")
+        return
+    if exposed:
+        try:
+            info["covered_directories"] = privileges.expose(libc, exposed, config["sandbox_uid"])
+        except OSError as exc:
+            notes.append(f"covering unsearchable directories: {exc}")
+    if config["read_only_filesystem"]:
+        try:
+            _read_only_except(libc, root)
+            info["read_only_filesystem"] = True
+        except OSError as exc:
+            notes.append(f"read_only_filesystem: {exc}")
+
+
+def _read_only_except(libc: syscalls.Libc, root: str) -> None:
+    """Makes every mount of this (new, private) mount namespace read-only except ``root``.
+
+    Raises:
+      OSError: the mounts stayed writable (the caller notes it).
+      RuntimeError: ``root`` stayed read-only.
+    """
+    libc.mount(root, root, syscalls.MS_BIND | syscalls.MS_REC)
     libc.set_read_only("/", True)
     try:
         libc.set_read_only(root, False)
@@ -155,24 +155,6 @@ def _read_only_except(libc: _Libc, root: str) -> None:
         raise RuntimeError(
             f"the sandbox directory {root} stayed read-only ({exc}); "
             "set SandboxConfig(read_only_filesystem=False)"
-        ) from exc
-
-
-def _switch_user(libc: _Libc, root: str, uid: int) -> None:
-    """Runs the process as ``uid`` keeping only CAP_DAC_READ_SEARCH (to read any file)."""
-    for directory, _, files in os.walk(root):
-        os.chown(directory, uid, uid)
-        for name in files:
-            os.chown(os.path.join(directory, name), uid, uid)
-    try:
-        libc.prctl(_PR_SET_KEEPCAPS, 1)
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-        libc.keep_only_read_capability()
-    except (OSError, AttributeError) as exc:
-        raise RuntimeError(
-            f"cannot run the worker as uid {uid} ({exc}); set SandboxConfig(drop_privileges=False)"
         ) from exc
 
 

@@ -6,6 +6,11 @@
 
 AAC (``rl.loop.train``) and distillation (``sft.distill.distill``) both start
 here, so a new algorithm's run mode only adds its own loop.
+
+A run directory survives a kill at any moment: the random base model, the
+adapter folder and summary.json are written under a temporary name and renamed
+(``artefacts``), checkpoints likewise (orbax), and the metrics writer opens
+rewound to the latest checkpoint (rows of later steps are redone by the loop).
 """
 
 import dataclasses
@@ -16,6 +21,7 @@ from typing import Any
 
 from pau_jax import metrics_writer, parallel
 from pau_jax.models import lora
+from pau_jax.training import artefacts
 from pau_jax.training import checkpoint as checkpoint_lib
 from pau_jax.training import step as step_lib
 
@@ -43,7 +49,7 @@ class ActorConfig:
     lora_targets: tuple[str, ...] = tuple(lora.DEFAULT_TARGETS)
 
 
-def _base_checkpoint(out: pathlib.Path, actor: ActorConfig, seed: int) -> pathlib.Path:
+def _base_checkpoint(out: pathlib.Path, actor: ActorConfig, seed: int, tag: str) -> pathlib.Path:
     if actor.checkpoint is not None:
         return pathlib.Path(actor.checkpoint).expanduser()
     if actor.model_config is None:
@@ -52,10 +58,8 @@ def _base_checkpoint(out: pathlib.Path, actor: ActorConfig, seed: int) -> pathli
             "(gin: --gin.CHECKPOINT=\"'/path'\")"
         )
     path = out / "base_model"
-    if parallel.is_primary() and not (path / "config.json").exists():
-        from pau_jax import models
-
-        models.random_checkpoint(actor.model_config, path, seed=seed)
+    if parallel.is_primary():
+        artefacts.random_base_model(path, actor.model_config, seed=seed, tag=tag)
     parallel.barrier("base_model")
     return path
 
@@ -94,7 +98,7 @@ class Run:
         self.out.mkdir(parents=True, exist_ok=True)
         self.primary = parallel.is_primary()
         self.mesh = parallel.make_mesh(mesh_config) if mesh_config is not None else None
-        path = _base_checkpoint(self.out, actor, seed)
+        path = _base_checkpoint(self.out, actor, seed, tag)
         self.model, _ = models.load_hf(
             path, dtype=actor.dtype, mesh=self.mesh, rules=parallel.LEARNER_RULES
         )
@@ -119,7 +123,10 @@ class Run:
         self.checkpointer = checkpoint_lib.Checkpointer(
             self.out / "checkpoints", max_to_keep=max_checkpoints
         )
-        self.writer = metrics_writer.MetricsWriter(self.out)
+        # Rows of steps after the latest checkpoint belong to a stopped process; they are redone.
+        self.writer = metrics_writer.MetricsWriter(
+            self.out, resume_step=self.checkpointer.latest_step() or 0
+        )
 
     def to_layout(self, rules) -> float:
         """Moves the actor into a layout (sampler or learner rules); seconds, 0 without a mesh."""
@@ -132,16 +139,19 @@ class Run:
         return LocalPolicy(step_lib.reference_model(self.model), self.tokenizer, sampling)
 
     def finish(self, summary: dict) -> dict:
-        """Closes the files, exports the adapters (PEFT) and writes summary.json."""
+        """Closes the files, exports the adapters (PEFT) and writes summary.json, each atomically."""
         self.checkpointer.close()
         self.writer.close()
         summary = {**summary, "lora_modules": self.n_adapted}
         summary["seconds"] = round(time.perf_counter() - self.started, 2)
         if self.primary:
-            lora.export_peft(
-                self.model, self.out / "adapter", base_model_name_or_path=self.base_path
+            artefacts.replace_dir(
+                self.out / "adapter",
+                lambda tmp: lora.export_peft(
+                    self.model, tmp, base_model_name_or_path=self.base_path
+                ),
             )
-            (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            artefacts.replace_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         print(
             f"[{self.tag}] done: {summary.get('steps')} steps; adapter: {self.out / 'adapter'}",
             flush=True,

@@ -65,15 +65,15 @@ def _all_prompts(task, config):
 
 
 def test_default_fields_keep_todays_prompts_byte_identical():
-    # The digest of every prompt of the three protocols and the in-context prompt, taken from
-    # the code before the optional fields existed.
+    # The digest of every prompt of the three protocols and the in-context prompt (prompts
+    # pau-v2), taken from the code without the optional fields set.
     out = [p for config in CONFIGS for p in _all_prompts(TASK, config)]
     out.append(
         prompts.in_context_messages(prompts.EpisodeView(header=TASK.header, examples=TASK.examples))
     )
     digest = hashlib.sha256(json.dumps(out, sort_keys=True).encode()).hexdigest()
     assert len(out) == 37
-    assert digest == "bba56fe47e1969358e26ee42e417a9a3185e35c8c6b6b52d5ff41ee674a4337a"
+    assert digest == "7f8204324c73e94399cfc8ec617ca11f656413ade62107a4ee502f2a6640fa0d"
 
 
 def test_initial_hypothesis_prior_calls_and_critique_are_shown_where_they_belong():

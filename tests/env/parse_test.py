@@ -118,6 +118,18 @@ LENIENT_CASES = [
     ("[1, 2, 3]", ["[1, 2, 3]"]),
     ("", []),
     ("I think we should try\nsomething bigger", []),
+    # Replies of Qwen2.5-Coder-0.5B-Instruct: one inline code span holds the arguments.
+    (
+        "The next call should be `(1.0, 2.0)`.",
+        ["The next call should be `(1.0, 2.0)`.", "(1.0, 2.0)"],
+    ),
+    (
+        "The arguments for the next call should be `('(()(())((())))',)`.\n\nThis call is "
+        "most informative. The function `test_func` returns a list.",
+        ["('(()(())((())))',)"],
+    ),
+    # Two spans that are not bare names: ambiguous, so neither is read.
+    ("Try `[1, 2]` and then `[3]`\nnext time.", []),
 ]
 
 
@@ -138,3 +150,6 @@ def test_no_input_reason_names_a_definition():
     assert "defines a function" in parse.no_input_reason("```\ndef test_func(a):\n  pass\n```")
     assert parse.no_input_reason("<think>x</think>") == "empty output"
     assert parse.no_input_reason("just words\nmore words").startswith("no input found")
+    # The expected form has the function's arity.
+    assert "```(arg0,)```" in parse.no_input_reason("just words\nmore words", 1)
+    assert "```(arg0, arg1, arg2)```" in parse.no_input_reason("just words\nmore words", 3)

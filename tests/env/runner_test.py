@@ -1,12 +1,15 @@
 """The batched episode runner over the real sandbox, driven by scripted policies."""
 
 import dataclasses
+import http.server
 import json
+import threading
 
 import pytest
 
-from pau_jax.env import episode, runner
+from pau_jax.env import episode, jsonl, runner
 from pau_jax.env.episode import EpisodeConfig
+from pau_jax.policy.http import EndpointError, HTTPConfig, HTTPPolicy
 from pau_jax.policy.local import Completion
 from pau_jax.sandbox import Executor
 from pau_jax.tasks import demo as demo_tasks
@@ -229,3 +232,103 @@ def test_a_prompt_the_policy_refuses_as_too_long_ends_that_episode(specs, execut
     assert len(affine.state.steps) == len(affine.replies) == 2
     assert affine.record["finish_reason"] == "prompt_length"
     assert all(by_id[t].state.finish_reason == "stop" for t in PROBES if t != "demo/affine")
+
+
+def test_a_corrupt_line_is_moved_aside_and_its_episode_redone(specs, executor, tmp_path, capsys):
+    out = tmp_path / "episodes.jsonl"
+    config = EpisodeConfig()
+    runner.run_episodes(specs[:3], ScriptedPolicy(), executor, config, out_path=out, progress=False)
+    lines = out.read_text().splitlines(keepends=True)
+    lost = json.loads(lines[1])["task_id"]
+    garbage = '{"task_id": "' + lost + '", "steps": [oops\n'
+    out.write_text(lines[0] + garbage + lines[2])
+    with pytest.raises(jsonl.CorruptRecordError, match=f"^{out}:2: corrupt record"):
+        runner.load_records(out)  # a plain read stops at it, naming the file and the line
+    again = runner.run_episodes(
+        specs, ScriptedPolicy(), executor, config, out_path=out, progress=False
+    )
+    assert sorted(r["task_id"] for r in again) == sorted([lost, specs[3].task.task_id])
+    assert f"{out}:2: corrupt record (not JSON" in capsys.readouterr().err
+    assert jsonl.sidecar(out).read_text() == garbage  # kept, out of the way
+    assert out.read_text().splitlines(keepends=True)[:2] == [lines[0], lines[2]]
+    assert sorted(r["task_id"] for r in runner.load_records(out)) == sorted(PROBES)
+    assert jsonl.corrupt_counts(tmp_path) == {"episodes.jsonl": 1}
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ('{"task_id": "demo/affine", "tr', "not JSON: "),
+        ("[1, 2]", "a JSON list, not an object"),
+        ('{"episode_id": "x"}', "no 'task_id'"),
+        ('{"task_id": "\xff"}', "not UTF-8 text"),
+    ],
+)
+def test_reading_stops_at_a_corrupt_line_but_not_at_a_torn_tail(tmp_path, line, reason):
+    path = tmp_path / "e.jsonl"
+    good = json.dumps({"task_id": "demo/runs"}) + "\n"
+    encoding = "latin-1" if "\xff" in line else "utf-8"
+    path.write_bytes(good.encode() + line.encode(encoding) + b"\n\n" + good.encode())
+    for read in (runner.load_records, runner.finished_ids):
+        with pytest.raises(jsonl.CorruptRecordError) as raised:
+            read(path)
+        assert str(raised.value).startswith(f"{path}:2: corrupt record ({reason}")
+        assert "\n" not in str(raised.value)
+    # The same line last and without its newline is a torn tail (a kill): dropped, no error.
+    path.write_bytes(good.encode() + line.encode(encoding))
+    assert runner.load_records(path) == [{"task_id": "demo/runs"}]
+    assert runner.finished_ids(path) == {"demo/runs"}
+    assert jsonl.prepare(path, required=runner.RECORD_KEYS) == 0
+    assert path.read_bytes() == good.encode()
+
+
+class _ScriptedEndpoint(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint answering as ScriptedPolicy (affine stops after one call),
+    that answers 500 to every request after the first `healthy`."""
+
+    healthy = None
+    seen = 0
+    policy = ScriptedPolicy(stop_after=2)
+
+    def log_message(self, *args):
+        del args
+
+    def do_POST(self):  # noqa: N802
+        messages = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["messages"]
+        cls = type(self)
+        cls.seen += 1
+        content = messages[-1]["content"]
+        if cls.healthy is not None and cls.seen > cls.healthy:
+            status, text = 500, "overloaded"
+        elif "test_func(2, 3) -> 7" in content and "Revise your hypothesis" in content:
+            status, text = 200, "Hypothesis: affine\nDecision: STOP"
+        else:
+            status, text = 200, cls.policy([messages])[0]
+        body = json.dumps({"choices": [{"message": {"content": text}}]}).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_failing_endpoint_stops_the_run_and_a_rerun_resumes(specs, executor, tmp_path):
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedEndpoint)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    policy = HTTPPolicy(HTTPConfig(base_url=url, model="m", max_retries=1, backoff_s=0.01))
+    out, config = tmp_path / "episodes.jsonl", EpisodeConfig()
+    try:
+        # Three rounds of four requests answered: affine stops; the others' next round fails.
+        _ScriptedEndpoint.healthy, _ScriptedEndpoint.seen = 12, 0
+        with pytest.raises(EndpointError, match="failed after 2 attempts: HTTP 500"):
+            runner.run_episodes(specs, policy, executor, config, out_path=out, progress=False)
+        assert [r["task_id"] for r in runner.load_records(out)] == ["demo/affine"]
+        _ScriptedEndpoint.healthy = None
+        again = runner.run_episodes(specs, policy, executor, config, out_path=out, progress=False)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert sorted(r["task_id"] for r in again) == ["demo/runs", "demo/sorted", "demo/vowels"]
+    records = runner.load_records(out)
+    assert sorted(r["task_id"] for r in records) == sorted(PROBES)
+    assert all(r["prediction"] and r["finish_reason"] == "stop" for r in records)

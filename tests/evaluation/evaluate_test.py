@@ -3,6 +3,7 @@
 import http.server
 import json
 import pathlib
+import socket
 import threading
 
 import launching
@@ -339,7 +340,17 @@ def test_launch_eval_tiny_writes_every_artefact(tmp_path):
     ],
 )
 def test_eval_gin_files_parse(files, tmp_path):
-    proc = launching.launch(*[f"--gin_file={f}" for f in files], "--dry_run", cwd=tmp_path)
+    # A template alone leaves its required seats unset (the dry run refuses it): set them.
+    required = []
+    if "debug/eval_tiny.gin" not in files:
+        required = ["--gin.CHECKPOINT='/ckpt'", "--gin.CODER='self'"]
+        if files[0] != "eval/gold.gin":
+            required.append("--gin.JUDGE='self'")
+        if files[0] == "eval/memory.gin":
+            required.append("--gin.EMBEDDING_CHECKPOINT='/embedder'")
+    proc = launching.launch(
+        *[f"--gin_file={f}" for f in files], *required, "--dry_run", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "run_defaults.run_mode = 'eval'" in proc.stdout
     expected = {
@@ -392,3 +403,119 @@ def test_episode_calls_and_scoring_have_their_own_timeouts(tmp_path, monkeypatch
         **SCRIPTED,
     )
     assert seen == {"episode": 30.0, "score": 0.5}
+
+
+def _closed_port_url() -> str:
+    """A base URL on 127.0.0.1 where nothing listens (connections are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def _refused_seat(url: str, model: str) -> backends.HTTPBackendConfig:
+    from pau_jax.policy.http import HTTPConfig
+
+    http = HTTPConfig(base_url=url, model=model, max_retries=1, backoff_s=0.01, timeout_s=2)
+    return backends.HTTPBackendConfig(http=http)
+
+
+def test_a_refused_judge_stops_the_run_and_a_rerun_resumes(tmp_path):
+    from pau_jax.policy.http import EndpointError
+
+    url = _closed_port_url()
+    kwargs = dict(
+        policy=backends.OracleBackendConfig(n_probes=1),
+        coder=backends.ScriptedCoderBackendConfig(),
+        episode_config=pipeline.EpisodeConfig(call_budget=2),
+        bootstrap_resamples=200,
+    )
+    with pytest.raises(EndpointError) as raised:
+        pipeline.evaluate(run_dir=str(tmp_path), judge=_refused_seat(url, "j"), **kwargs)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"judge seat: endpoint {url}/chat/completions (model j) failed after 2 attempts: URLError"
+    )
+    # The finished episodes stay; nothing was scored (no empty verdict stands in for the judge).
+    episodes = _lines(tmp_path / "interactive_episodes.jsonl")
+    assert len(episodes) == 4
+    scored = tmp_path / "interactive_scored.jsonl"
+    assert not scored.exists() or not scored.read_text()
+    assert not (tmp_path / "metrics.json").exists()
+    # A rerun with a working judge scores the same episodes; none is run again.
+    result = pipeline.evaluate(
+        run_dir=str(tmp_path), judge=backends.ScriptedJudgeBackendConfig(), **kwargs
+    )
+    assert _lines(tmp_path / "interactive_episodes.jsonl") == episodes
+    assert len(_lines(scored)) == 4
+    run = result["runs"]["interactive"]
+    assert run["judge"]["n"] == 4 and run["judge"]["unparsed"] == 0
+    assert run["code_match"]["mean"] == 1.0
+
+
+def test_a_refused_agent_records_nothing(tmp_path):
+    from pau_jax.policy.http import EndpointError
+
+    url = _closed_port_url()
+    with pytest.raises(EndpointError, match=f"^agent seat: endpoint {url}/chat/completions"):
+        pipeline.evaluate(
+            run_dir=str(tmp_path), policy=_refused_seat(url, "a"), modes=("in_context",), **SCRIPTED
+        )
+    episodes = tmp_path / "in_context_episodes.jsonl"
+    assert not episodes.exists() or not episodes.read_text()
+
+
+def test_corrupt_lines_are_moved_aside_counted_and_their_items_redone(tmp_path, capsys):
+    kwargs = dict(
+        policy=backends.OracleBackendConfig(n_probes=1), modes=("in_context",), **SCRIPTED
+    )
+    pipeline.evaluate(run_dir=str(tmp_path), **kwargs)
+    episodes, scored = tmp_path / "in_context_episodes.jsonl", tmp_path / "in_context_scored.jsonl"
+    for path, bad in ((episodes, 2), (scored, 1)):
+        lines = _lines(path)
+        lines[bad] = lines[bad][: len(lines[bad]) // 2]  # cut in the middle, newline kept
+        path.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    result = pipeline.evaluate(run_dir=str(tmp_path), **kwargs)
+    err = capsys.readouterr().err
+    assert f"{episodes}:3: corrupt record" in err and f"{scored}:2: corrupt record" in err
+    assert result["corrupt_records"] == {
+        "in_context_episodes.jsonl": 1,
+        "in_context_scored.jsonl": 1,
+    }
+    assert len(_lines(tmp_path / "in_context_episodes.jsonl.corrupt")) == 1
+    assert result["runs"]["in_context"]["episodes"] == 4
+    assert result["runs"]["in_context"]["code_match"]["mean"] == 1.0
+    for path in (episodes, scored):
+        records = pipeline.runner.load_records(path)
+        assert len({r["task_id"] for r in records}) == len(records) == 4
+    report = (tmp_path / "report.md").read_text()
+    assert (
+        "in_context_scored.jsonl: 1 corrupt line moved to in_context_scored.jsonl.corrupt" in report
+    )
+
+
+def test_launch_stops_with_one_line_naming_a_refused_judge(tmp_path):
+    url = _closed_port_url()
+    run_dir = tmp_path / "run"
+    judge = "judge/pau_jax.policy.http.HTTPConfig"
+    proc = launching.launch(
+        "--gin_file=eval/interactive.gin",
+        "--gin_file=debug/eval_tiny.gin",
+        f"--run_dir={run_dir}",
+        "--gin.pau_jax.experiment.evaluate.modes=('interactive',)",
+        "--gin.pau_jax.experiment.evaluate.judge=@judge/pau_jax.policy.backends.HTTPBackendConfig()",
+        f"--gin.{judge}.base_url='{url}'",
+        f"--gin.{judge}.model='j'",
+        f"--gin.{judge}.max_retries=1",
+        f"--gin.{judge}.backoff_s=0.01",
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    expected = f"judge seat: endpoint {url}/chat/completions (model j) failed after 2 attempts: "
+    lines = [x for x in proc.stderr.splitlines() if expected in x]
+    assert len(lines) == 1, proc.stderr[-4000:]
+    assert "URLError" in lines[0] and "rerun to resume" in lines[0]
+    assert len(_lines(run_dir / "interactive_episodes.jsonl")) == 4
+    assert not (run_dir / "metrics.json").exists()

@@ -1,6 +1,7 @@
 """The memory baseline on pau/debug: retrieval, critiques, the merged critique and the second episode."""
 
 import json
+import socket
 
 import checkpoints
 import numpy as np
@@ -188,3 +189,17 @@ def test_memory_requirements_are_checked_first(setup, tmp_path):
     with pytest.raises(ValueError, match="need the train split"):
         pipeline.evaluate(modes=("interactive", "memory"), memory=config, **common)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_refused_embedder_stops_the_run_with_the_episodes_kept(setup, tmp_path, monkeypatch):
+    from pau_jax.policy.http import EndpointError
+
+    data_dir, _ = setup
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"  # closed once the block ends
+    refused = embeddings.HTTPEmbeddingConfig(base_url=url, model="e", max_retries=1, backoff_s=0)
+    with pytest.raises(EndpointError, match=f"^embedder seat: endpoint {url} \\(model e\\) failed"):
+        _evaluate(tmp_path, data_dir, refused, Agent(), monkeypatch)
+    assert len(_jsonl(tmp_path / "interactive_episodes.jsonl")) == LIMIT
+    assert not (tmp_path / "memory" / "retrieval.jsonl").exists()

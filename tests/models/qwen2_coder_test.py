@@ -129,3 +129,26 @@ def test_greedy_chat_generation_matches_transformers(ours, theirs, tokenizer):
     assert {IM_END, END_OF_TEXT} <= set(policy.stop_token_ids)
     completions = policy.complete(CONVERSATIONS)
     assert [list(c.token_ids) for c in completions] == expected
+
+
+def test_the_agent_prompt_is_the_models_own_chat_format(tokenizer):
+    # What the agent receives: Qwen2.5's ChatML turns, the protocol's system prompt in place
+    # of the model's default one, and no thinking markup (the template has no such switch).
+    from pau_jax.env import prompts
+
+    view = prompts.EpisodeView(header="def test_func(arg0):", examples=())
+    messages = prompts.conceptualize_messages(view)
+    rendered = {
+        think: tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=think
+        )
+        for think in (False, True)
+    }
+    assert rendered[False] == rendered[True]
+    text = rendered[False]
+    assert text.startswith(f"<|im_start|>system\n{prompts.SYSTEM}<|im_end|>\n<|im_start|>user\n")
+    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert "<think>" not in text and "You are Qwen" not in text
+    # Without a system turn (the judge and the coder prompts), the model's default one is used.
+    alone = tokenizer.apply_chat_template(messages[1:], tokenize=False, add_generation_prompt=True)
+    assert alone.startswith("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.")

@@ -1,6 +1,7 @@
 """The model seats: each backend config builds its policy, local seats share a checkpoint, 'self'."""
 
 import dataclasses
+import socket
 import subprocess
 import sys
 
@@ -9,7 +10,8 @@ import pytest
 
 from pau_jax.policy import backends, scripted
 from pau_jax.policy.config import SamplingConfig
-from pau_jax.policy.http import HTTPConfig, HTTPPolicy
+from pau_jax.policy.embeddings import HTTPEmbeddingConfig
+from pau_jax.policy.http import EndpointError, HTTPConfig, HTTPPolicy
 
 
 def _imports_jax(*modules: str) -> bool:
@@ -82,3 +84,46 @@ def test_resolve_seat():
     assert backends.resolve_seat("coder", same, endpoint) == (same, True)
     assert backends.describe(endpoint) == "endpoint http://h/v1 model m"
     assert backends.describe(agent) == "checkpoint /ckpt/a + adapter /runs/x/adapter"
+
+
+def _closed_port_url() -> str:
+    """A base URL on 127.0.0.1 where nothing listens (connections are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+class _Completing:
+    def __call__(self, conversations):
+        return ["text"] * len(conversations)
+
+    def complete(self, conversations):
+        return [f"completion of {len(c)}" for c in conversations]
+
+
+def test_a_seat_names_its_failing_endpoint():
+    url = _closed_port_url()
+    http = HTTPConfig(base_url=url, model="m", max_retries=1, backoff_s=0.01, timeout_s=2)
+    judge = backends.Seat("judge", backends.build_policy(backends.HTTPBackendConfig(http=http)))
+    with pytest.raises(EndpointError) as raised:
+        judge([[{"role": "user", "content": "Rate this."}]])
+    message = str(raised.value)
+    assert raised.value.seat == "judge" and "\n" not in message
+    assert message.startswith(
+        f"judge seat: endpoint {url}/chat/completions (model m) failed after 2 attempts: URLError"
+    )
+    assert not hasattr(judge, "complete")  # the runner then calls the seat itself
+    # Other policies answer through their seat unchanged, `complete` included.
+    agent = backends.Seat("agent", _Completing())
+    assert agent([[{}]]) == ["text"] and agent.complete([[{}, {}]]) == ["completion of 2"]
+
+
+def test_the_embedder_seat_names_its_failing_endpoint():
+    url = _closed_port_url()
+    config = HTTPEmbeddingConfig(base_url=url, model="e", max_retries=1, backoff_s=0)
+    with pytest.raises(EndpointError) as raised:
+        backends.EmbedderSeat(config).embed(["adds two numbers"])
+    message = str(raised.value)
+    assert message.startswith(f"embedder seat: endpoint {url} (model e) failed: ")
+    assert f"{url}/embeddings failed after 2 attempts" in message and "\n" not in message

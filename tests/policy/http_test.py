@@ -4,6 +4,7 @@ import concurrent.futures
 import dataclasses
 import http.server
 import json
+import socket
 import threading
 import time
 import urllib.request
@@ -12,7 +13,7 @@ import checkpoints
 import pytest
 
 from pau_jax.policy.config import SamplingConfig
-from pau_jax.policy.http import HTTPConfig, HTTPPolicy
+from pau_jax.policy.http import EndpointError, HTTPConfig, HTTPPolicy
 from pau_jax.policy.local import LocalPolicy
 from pau_jax.policy.server import PolicyServer
 
@@ -214,20 +215,71 @@ def test_rate_limit_is_retried_and_counted(faulty):
     assert client.retries == 2 and FaultyHandler.seen == 3 and not client.failures
 
 
-def test_persistent_failure_is_recorded_not_raised(faulty):
-    FaultyHandler.script = ["500"] * 3 + ["400"]
+def _closed_port_url() -> str:
+    """A base URL on 127.0.0.1 where nothing listens (connections are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_persistent_failure_raises_one_line_endpoint_error(faulty):
+    FaultyHandler.script = ["500"] * 3
     client = _client(faulty, max_retries=2, max_concurrency=1)
-    assert client(CONVERSATIONS[:2]) == ["", ""]
-    assert [f.index for f in client.failures] == [0, 1]
-    assert client.failures[0].attempts == 3 and "HTTP 500" in client.failures[0].error
-    # A 400 is the caller's fault and is not retried.
-    assert client.failures[1].attempts == 1 and "HTTP 400" in client.failures[1].error
+    with pytest.raises(EndpointError) as raised:
+        client(CONVERSATIONS[:1])
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"endpoint {faulty}/chat/completions (model m) failed after 3 attempts"
+    )
+    assert "HTTP 500" in message and "rerun to resume" in message
+    assert raised.value.attempts == 3 and FaultyHandler.seen == 3
+    # Recorded as well as raised; never answered with an empty reply.
+    assert [f.index for f in client.failures] == [0] and client.failures[0].attempts == 3
 
 
-def test_unreachable_endpoint_is_recorded():
-    client = _client("http://127.0.0.1:9/v1", max_retries=1)
-    assert client(CONVERSATIONS[:1]) == [""]
-    assert client.failures and client.failures[0].attempts == 2
+def test_client_error_is_not_retried_and_drops_the_rest_of_the_batch(faulty):
+    FaultyHandler.script = ["400"]
+    client = _client(faulty, max_retries=2, max_concurrency=1)
+    with pytest.raises(EndpointError, match="failed after 1 attempt: HTTP 400"):
+        client(CONVERSATIONS)
+    # The other two requests of the batch were never sent.
+    assert FaultyHandler.seen == 1 and client.retries == 0
+
+
+def test_requests_in_flight_stop_retrying_when_one_fails(faulty):
+    FaultyHandler.script = ["400"] + ["500"] * 10
+    client = _client(faulty, max_retries=6, max_concurrency=2)
+    client.config = dataclasses.replace(client.config, backoff_s=0.2)
+    t0 = time.perf_counter()
+    with pytest.raises(EndpointError, match="HTTP 400"):
+        client(CONVERSATIONS[:2])
+    # The request answered 500 gave up at its first retry, not after six (12.6 s of backoff).
+    assert time.perf_counter() - t0 < 2.0 and FaultyHandler.seen <= 3
+
+
+def test_refused_endpoint_raises():
+    url = _closed_port_url()
+    client = _client(url, max_retries=1)
+    with pytest.raises(EndpointError) as raised:
+        client(CONVERSATIONS[:1])
+    assert raised.value.url == f"{url}/chat/completions" and raised.value.attempts == 2
+    assert "URLError" in str(raised.value) and "\n" not in str(raised.value)
+    assert client.failures[0].attempts == 2 and client.retries == 1
+
+
+def test_endpoint_error_names_its_seat_on_one_line():
+    error = EndpointError(url="http://h/v1", error="HTTP 502:\n<html>\n bad gateway", attempts=1)
+    named = error.for_seat("judge")
+    assert str(named).startswith("judge seat: endpoint http://h/v1 failed after 1 attempt: ")
+    assert "HTTP 502: <html> bad gateway;" in str(named) and "\n" not in str(named)
+    assert (named.url, named.error, named.attempts, named.seat) == (
+        "http://h/v1",
+        error.error,
+        1,
+        "judge",
+    )
 
 
 def test_missing_configuration_is_a_clear_error(monkeypatch):

@@ -139,7 +139,7 @@ def test_every_aac_gin_combination_parses(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (
         "T_MAX = 40" in proc.stdout
-        and "advantage_fn = @pau_jax.rl.credit.return_to_go" in proc.stdout
+        and "advantage_fn = @pau_jax.rl.credit.process_grpo" in proc.stdout
     )
 
 
@@ -162,8 +162,10 @@ def test_launch_aac_tiny_end_to_end(tmp_path):
     peft = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
     assert peft["r"] == 4 and len(peft["target_modules"]) == 7
     assert (run_dir / "adapter" / "adapter_model.safetensors").exists()
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
-    assert "advantage_fn = @pau_jax.rl.credit.return_to_go" in (run_dir / "config.gin").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2
+    assert summary["credit"].startswith("process_grpo") and "pau_jax's reading" in summary["credit"]
+    assert "advantage_fn = @pau_jax.rl.credit.process_grpo" in (run_dir / "config.gin").read_text()
     assert list(run_dir.glob("events.out.tfevents.*"))
 
 

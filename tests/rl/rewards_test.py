@@ -120,24 +120,27 @@ def test_timed_out_episode_and_failures_table():
             reflection(5, None, parse_ok=False),  # parse failure, no score: -0.5
             reasoning(5, 1.0),  # 1.0
             inputs(3),  # 0.025
-            reflection(5, 0.5),  # not done, 0.3 <= s: 2 * 0.5 = 1.0
-            reasoning(5, 0.0),  # 0.0, then the timeout: -1.0
+            # CONTINUE with no call left (only a reasoning step follows): scored as the end it
+            # is, 2 * (0.5 - 1).
+            reflection(5, 0.5),
+            reasoning(5, 1.0),  # a plan no call can follow: no critic reward; the timeout -1.0
         ),
         done=False,
         timed_out=True,
     )
     assert rewards.episode_rewards(record, PAPER) == pytest.approx(
-        [0.4, -0.5, -0.5, 1.0, 0.025, 1.0, -1.0]
+        [0.4, -0.5, -0.5, 1.0, 0.025, -1.0, -1.0]
     )
     terms = rewards.episode_terms(record, PAPER)
     assert terms[-1]["timeout"] == -1.0 and all(t["timeout"] == 0 for t in terms[:-1])
     assert terms[5] == {
         "critic": 1.0,
-        "termination": 0.0,
+        "termination": -2.0,
         "execution": 0.0,
         "length": 0.0,
         "timeout": 0.0,
     }
+    assert terms[6] == dict.fromkeys(rewards.TERMS, 0.0) | {"timeout": -1.0}
 
 
 def test_premature_stop_and_parse_failed_reflection_with_a_score():
@@ -157,7 +160,8 @@ def test_constants_are_configurable():
         done=False,
         timed_out=True,
     )
-    assert rewards.episode_rewards(record, config) == pytest.approx([0.05, -2.0, 1.1 - 3.0])
+    # The last reflection's CONTINUE has no call left: 1 * (0.1 - 1), and the timeout -3.
+    assert rewards.episode_rewards(record, config) == pytest.approx([0.05, -2.0, -0.9 - 3.0])
 
 
 def test_input_length_counts_the_parsed_input_not_the_reply():
@@ -208,19 +212,74 @@ def test_timeout_rule_add_or_replace():
         done=False,
         timed_out=True,
     )
-    # Paper: the last step keeps its own terms (0.9 - 1.0 length) and -1.0 is added.
-    assert rewards.episode_rewards(record, PAPER) == pytest.approx([0.4, 0.025, 2.2, -1.1])
+    # Paper ('add'): the CONTINUE that ran into the limit (no call left after it) is scored as
+    # the end it is, 2 * (0.1 - 1); the last plan keeps its length penalty (-1.0) only, and
+    # the timeout is added to it.
+    assert rewards.episode_rewards(record, PAPER) == pytest.approx([0.4, 0.025, -1.8, -2.0])
     # Released: the step that hits the limit is not scored; its reward is the timeout alone.
     replace = RewardConfig(timeout_rule="replace")
-    assert rewards.episode_rewards(record, replace) == pytest.approx([0.4, 0.025, 2.2, -1.0])
+    assert rewards.episode_rewards(record, replace) == pytest.approx([0.4, 0.025, -1.8, -1.0])
     terms = rewards.episode_terms(record, replace)[-1]
     assert terms == dict.fromkeys(rewards.TERMS, 0.0) | {"timeout": -1.0}
+    # The formulas read literally (the released code): b_term +1 for that CONTINUE, the timeout
+    # on the last step's own terms ('add') or as its whole reward ('replace').
+    literal = RewardConfig(futile_continue="literal")
+    assert rewards.episode_rewards(record, literal) == pytest.approx([0.4, 0.025, 2.2, -1.1])
+    released = RewardConfig(futile_continue="literal", timeout_rule="replace")
+    assert rewards.episode_rewards(record, released) == pytest.approx([0.4, 0.025, 2.2, -1.0])
     with pytest.raises(ValueError, match="timeout_rule"):
         RewardConfig(timeout_rule="drop")
+    with pytest.raises(ValueError, match="futile_continue"):
+        RewardConfig(futile_continue="bonus")
+
+
+def _at_the_limit(decision_score, *, done, then=()):
+    """T_max = 40: 12 cycles, a plan, a call, the last reflection (no call left after it)."""
+    cycle = (reasoning(5, 0.5), inputs(3), reflection(5, 0.5))
+    steps = cycle * 12 + (reasoning(5, 0.5), inputs(3), reflection(5, decision_score)) + then
+    return EpisodeRecord(steps=steps, done=done, timed_out=not done)
+
+
+@pytest.mark.parametrize("score", [0.1, 0.29, 0.5, 0.9])
+def test_a_continue_with_no_call_left_pays_no_more_than_stop(score):
+    # With no call left a CONTINUE explores nothing: it can only run into T_max. It used to earn
+    # b_term +1 for s < 0.3 (4 more than STOP) while nothing charged the step it bought.
+    stop = rewards.episode_rewards(_at_the_limit(score, done=True), PAPER)
+    more = rewards.episode_rewards(
+        _at_the_limit(score, done=False, then=(reasoning(5, 1.0),)), PAPER
+    )
+    assert len(stop) == 39 and len(more) == 40 and stop[:38] == more[:38]
+    assert more[38] <= stop[38]
+    assert sum(more[38:]) <= stop[38] + PAPER.timeout_reward
+
+
+def test_a_continue_when_the_budget_is_spent_is_scored_as_the_end_it_is():
+    steps = (reasoning(5, 0.5), inputs(3), reflection(5, 0.1))
+    spent = EpisodeRecord(steps=steps, done=False, timed_out=False, budget_spent=True)
+    stop = EpisodeRecord(steps=steps, done=True, timed_out=False)
+    assert rewards.episode_rewards(spent, PAPER) == rewards.episode_rewards(stop, PAPER)
+    assert rewards.episode_rewards(spent, PAPER)[-1] == pytest.approx(2 * (0.1 - 1))
+    # An episode cut off for another reason (a prompt too long) had calls left: +1 stands.
+    cut = EpisodeRecord(steps=steps, done=False, timed_out=False)
+    assert rewards.episode_rewards(cut, PAPER)[-1] == pytest.approx(2 * (0.1 + 1))
+
+
+@pytest.mark.parametrize("n_words", [117, 120, 500])
+def test_a_long_correct_stop_outranks_a_short_continue(n_words):
+    # Near the thresholds a correct STOP earns 2 * (0.7 + 1) and a CONTINUE on a bad hypothesis
+    # 2 * (0.3 + 1): a gap of 0.8, which a length penalty capped at 1 used to overturn.
+    stop = EpisodeRecord(steps=(reflection(n_words, 0.7 + 1e-9),), done=True, timed_out=False)
+    more = EpisodeRecord(steps=(reflection(2, 0.3 - 1e-9),), done=False, timed_out=False)
+    assert rewards.episode_rewards(stop, PAPER)[0] > rewards.episode_rewards(more, PAPER)[0]
+    gap = PAPER.lambda_h * (PAPER.stop_threshold - PAPER.continue_threshold)
+    assert PAPER.reflection_length_cap < gap
+    # The reasoning and input steps keep the paper's cap of 1.
+    assert rewards.length_penalty(500, tau=100, alpha=0.05) == -1.0
+    assert rewards.length_penalty(500, tau=100, alpha=0.05, cap=0.5) == -0.5
 
 
 def test_invalid_records_fail_loudly():
-    with pytest.raises(ValueError, match="both"):
+    with pytest.raises(ValueError, match="ends one way"):
         rewards.episode_rewards(
             EpisodeRecord(steps=(reflection(1, 0.9),), done=True, timed_out=True), PAPER
         )

@@ -158,6 +158,33 @@ def test_hash_seed_is_configurable():
     assert orders[0] != orders[1]
 
 
+def test_modules_imported_after_confinement_work(executor):
+    """Modules not preloaded are imported after the user switch and the capability drop."""
+    source = (
+        "import csv, email.mime.text, inspect, io, sqlite3, tempfile, zoneinfo\n"
+        "import datetime, xml.etree.ElementTree as ET\n"
+        "def test_func():\n"
+        "    db = sqlite3.connect(':memory:')\n"
+        "    db.execute('create table t (x)')\n"
+        "    db.execute('insert into t values (3)')\n"
+        "    handle, path = tempfile.mkstemp(dir='.')\n"
+        "    with open(handle, 'w') as f:\n"
+        "        f.write('a,b')\n"
+        "    paris = zoneinfo.ZoneInfo('Europe/Paris')\n"
+        "    return (\n"
+        "        ET.fromstring('<a>1</a>').text,\n"
+        "        db.execute('select x from t').fetchone(),\n"
+        "        next(csv.reader(open(path))),\n"
+        "        str(datetime.datetime(2020, 1, 1, tzinfo=paris).utcoffset()),\n"
+        "        email.mime.text.MIMEText('x').get_content_type(),\n"
+        "        inspect.isfunction(test_func),\n"
+        "    )\n"
+    )
+    result = executor.call(source, (), timeout_s=TIMEOUT)
+    assert result.ok, result
+    assert result.value == ("1", (3,), ["a", "b"], "1:00:00", "text/plain", True)
+
+
 def test_dict_display_keeps_insertion_order(executor):
     result = executor.call("def test_func():\n    return {'b': 1, 'a': 2}\n", (), timeout_s=TIMEOUT)
     assert result.display == "{'b': 1, 'a': 2}"

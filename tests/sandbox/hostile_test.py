@@ -1,18 +1,37 @@
 """Hostile code: each case ends in a typed error in time, the parent is unharmed and the pool goes on."""
 
+import importlib.util
+import json
 import os
+import pathlib
+import shutil
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 
 import pytest
 
 from pau_jax.sandbox import Executor, SandboxConfig
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SLACK_S = 8.0  # Start-up of a replacement worker and a busy machine.
 BENIGN = "def test_func(x):\n    return [x, x * 2]\n"
 SECRET_NAME = "PAU_SANDBOX_TEST_SECRET"
 SECRET = "parent-secret-7f3a"
+OTHER_UID = 4321  # A user that is neither root nor the sandbox user.
+# readline.read_history_file reads a file in C without an audit event, so the audit hook does
+# not see it: what it cannot read, the OS layers alone refused.
+READ_BELOW_HOOK = (
+    "import os, readline\n"
+    "def test_func(path):\n"
+    "    readline.clear_history()\n"
+    "    readline.read_history_file(path.format(parent=os.getppid()))\n"
+    "    n = readline.get_current_history_length()\n"
+    "    return [readline.get_history_item(i + 1) for i in range(n)]\n"
+)
 
 
 def _assert_pool_still_works(pool):
@@ -183,12 +202,33 @@ HOSTILE = {
         "PermissionError",
         "reading files of other processes",
     ),
+    "read_shadow": (
+        "def test_func():\n    return open('/etc/shadow').read()\n",
+        "PermissionError",
+        "Permission denied: '/etc/shadow'",
+    ),
+    "read_shadow_below_audit_hook": (
+        READ_BELOW_HOOK.replace("def test_func(path):", "def test_func(path='/etc/shadow'):"),
+        "PermissionError",
+        "Permission denied",
+    ),
+}
+# Cases that need something of the machine: name -> (what, available).
+NEEDS = {
+    "read_shadow": ("/etc/shadow", os.path.exists("/etc/shadow")),
+    "read_shadow_below_audit_hook": (
+        "/etc/shadow and readline",
+        os.path.exists("/etc/shadow") and importlib.util.find_spec("readline") is not None,
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_case(executor, name):
     source, error_type, message = HOSTILE[name]
+    what, available = NEEDS.get(name, ("", True))
+    if not available:
+        pytest.skip(f"this machine lacks {what}")
     before = dict(os.environ), os.getcwd()
     result = _run(executor, source, timeout_s=1.5)
     if error_type:
@@ -270,6 +310,129 @@ def test_workers_run_unprivileged_when_started_as_root(executor):
         "import os\ndef test_func():\n    return os.getuid(), os.geteuid()\n", (), timeout_s=20.0
     )
     assert result.value == (65534, 65534)
+
+
+def _capability_report(pool):
+    source = (
+        "def test_func():\n"
+        "    fields = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+        "    names = ('CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb', 'NoNewPrivs')\n"
+        "    return {name: int(fields[name].strip(), 16) for name in names}\n"
+    )
+    result = pool.call(source, (), timeout_s=20.0)
+    assert result.ok, result
+    return result.value
+
+
+def test_workers_hold_no_capabilities(executor):
+    status = _capability_report(executor)
+    assert status["NoNewPrivs"] == 1
+    assert {k: status[k] for k in ("CapInh", "CapPrm", "CapEff", "CapAmb")} == dict.fromkeys(
+        ("CapInh", "CapPrm", "CapEff", "CapAmb"), 0
+    ), status
+    assert executor.isolation["no_new_privs"]
+    if os.geteuid() != 0:
+        pytest.skip("the bounding set is dropped only by a root parent (CAP_SETPCAP)")
+    assert status["CapBnd"] == 0, status
+    assert executor.isolation["capabilities"] == dict.fromkeys(
+        ("inheritable", "permitted", "effective", "bounding", "ambient"), 0
+    )
+
+
+@pytest.fixture(scope="module")
+def other_user_files():
+    """A readable directory holding files of another user: secret.txt (0600), public.txt (0644)."""
+    if os.geteuid() != 0:
+        pytest.skip("creating files owned by another user needs root")
+    directory = tempfile.mkdtemp(prefix="pau_other_user_")
+    try:
+        os.chmod(directory, 0o755)
+        paths = {}
+        for name, mode in (("secret", 0o600), ("public", 0o644)):
+            path = os.path.join(directory, f"{name}.txt")
+            with open(path, "w") as f:
+                f.write(SECRET if name == "secret" else "public")
+            os.chown(path, OTHER_UID, OTHER_UID)
+            os.chmod(path, mode)
+            paths[name] = path
+        yield paths
+    finally:
+        shutil.rmtree(directory)
+
+
+READ_FILE = (
+    "import os\ndef test_func(path):\n    return open(path.format(parent=os.getppid())).read()\n"
+)
+
+
+def _assert_unreadable(pool, source, path, message="Permission denied"):
+    result = _run(pool, source, timeout_s=5.0, args=(path,))
+    assert result.error_type == "PermissionError" and message in result.error_message, result
+    assert SECRET not in result.stdout + result.stderr + result.error_message + result.display
+
+
+def test_other_users_files_are_unreadable(executor, other_user_files):
+    public = executor.call(READ_FILE, (other_user_files["public"],), timeout_s=20.0)
+    assert public.value == "public", public  # Reachable: only the file's mode stops the read.
+    _assert_unreadable(executor, READ_FILE, other_user_files["secret"])
+    if importlib.util.find_spec("readline") is not None:
+        _assert_unreadable(executor, READ_BELOW_HOOK, other_user_files["secret"])
+    _assert_pool_still_works(executor)
+
+
+# A parent process whose environment holds the secret from its start (os.environ changes made
+# later never reach /proc/<pid>/environ). readline reads a file by its size, which /proc gives
+# as 0, so below the audit hook the test checks that the kernel refuses to open the file.
+PARENT = """
+import json, sys
+from pau_jax.sandbox import Executor, SandboxConfig
+config, calls = json.loads(sys.argv[1])
+with Executor(workers=1, config=SandboxConfig(**config)) as pool:
+    results = [pool.call(source, tuple(args), timeout_s=20.0) for source, args in calls]
+print(json.dumps([[r.ok, r.error_type, r.error_message, r.display, r.stdout + r.stderr] for r in results]))
+"""
+
+
+def _read_parent_environ(**config):
+    """Reads /proc/<parent>/environ from workers of a parent started with the secret."""
+    calls = [[READ_FILE, ["/proc/{parent}/environ"]], [BENIGN, [21]]]
+    if importlib.util.find_spec("readline") is not None:
+        calls.append([READ_BELOW_HOOK, ["/proc/{parent}/environ"]])
+    out = subprocess.run(
+        [sys.executable, "-c", PARENT, json.dumps([config, calls])],
+        cwd=ROOT,
+        env={SECRET_NAME: SECRET, **os.environ},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    results = json.loads(out.stdout.splitlines()[-1])
+    for result in results:
+        assert SECRET not in "".join(str(field) for field in result), result
+    opened, benign, *below_hook = results
+    assert opened[:2] == [False, "PermissionError"] and "other processes" in opened[2], opened
+    assert benign[:2] == [True, None], benign
+    return below_hook
+
+
+def test_parent_environment_is_unreadable_below_the_audit_hook():
+    if os.geteuid() != 0:
+        pytest.skip("workers of an unprivileged parent run as the parent's user")
+    for ok, error_type, message, _, _ in _read_parent_environ():
+        assert (ok, error_type) == (False, "PermissionError") and "Permission denied" in message
+
+
+def test_root_worker_kept_as_root_has_no_capabilities(other_user_files):
+    """drop_privileges=False keeps uid 0 but no capability: only modes and ownership decide."""
+    with Executor(workers=1, config=SandboxConfig(drop_privileges=False)) as pool:
+        assert pool.isolation["uid"] == 0
+        status = _capability_report(pool)
+        assert [status[k] for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")] == [0] * 5
+        _assert_unreadable(pool, READ_FILE, other_user_files["secret"])
+        _assert_pool_still_works(pool)
+    for ok, error_type, message, _, _ in _read_parent_environ(drop_privileges=False):
+        assert (ok, error_type) == (False, "PermissionError") and "Permission denied" in message
 
 
 @pytest.fixture(scope="module")

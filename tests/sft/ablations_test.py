@@ -35,7 +35,9 @@ def _sft_metrics(run_dir):
 @pytest.mark.parametrize("overlay", ["distill", "codearc_sft"])
 def test_sft_overlays_parse(overlay, tmp_path):
     files = ["aac.gin", f"ablations/{overlay}.gin", "debug/local_tiny.gin"]
-    proc = launching.launch(*(f"--gin_file={f}" for f in files), "--dry_run", cwd=tmp_path)
+    proc = launching.launch(
+        *(f"--gin_file={f}" for f in files), "--gin.TEACHER='self'", "--dry_run", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "distill.sft_config = @pau_jax.sft.trainer.SFTConfig()" in out
@@ -43,8 +45,8 @@ def test_sft_overlays_parse(overlay, tmp_path):
     assert "SFTConfig.batch_size = 4" in out  # local_tiny.gin, parsed last, wins
     assert f"distill.privileged = {overlay == 'codearc_sft'}" in out
     # Without the tiny overlay: the paper-scale settings of the ablation itself.
-    proc = launching.launch("--gin_file=aac.gin", f"--gin_file=ablations/{overlay}.gin", "--dry_run",
-                   cwd=tmp_path)  # fmt: skip
+    proc = launching.launch("--gin_file=aac.gin", f"--gin_file=ablations/{overlay}.gin",
+                            "--gin.TEACHER='self'", "--dry_run", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "SFTConfig.epochs = 5" in proc.stdout and "T_MAX = 40" in proc.stdout
 
