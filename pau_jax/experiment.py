@@ -1,6 +1,8 @@
 """The functions gin binds, one per run mode; wiring only, no algorithms here."""
 
+import contextlib
 import dataclasses
+import functools
 import json
 import pathlib
 import time
@@ -10,12 +12,9 @@ from pau_jax.policy.config import SamplingConfig
 _REGISTERED = []
 
 # Modules whose frozen `*Config` dataclasses gin may construct, under their own module
-# names (e.g. `@pau_jax.rl.grpo.GRPOConfig()`).
+# names (e.g. `@pau_jax.rl.grpo.GRPOConfig()`); the model families' modules are added
+# from `pau_jax.models.auto.ARCHITECTURES` (`config_modules`).
 CONFIG_MODULES = (
-    "pau_jax.models.qwen3",
-    "pau_jax.models.qwen2",
-    "pau_jax.models.llama",
-    "pau_jax.models.qwen3_moe",
     "pau_jax.env.episode",
     "pau_jax.policy.config",  # SamplingConfig
     "pau_jax.policy.http",
@@ -35,6 +34,11 @@ CONFIG_MODULES = (
     "pau_jax.sft.finetune",  # FineTuneConfig (the ft baseline)
 )
 
+# Config fields that a run sets from its other settings; gin refuses a binding of them.
+RUN_SET_FIELDS = {
+    "pau_jax.rl.grpo.GRPOConfig": ("temperature",),  # the rollout's sampling temperature
+}
+
 # Functions chosen by reference in gin files (`advantage_fn = @pau_jax.rl.credit.process_grpo`).
 FUNCTIONS = (
     ("pau_jax.tools.fetch_smollm2", "ensure_checkpoint"),
@@ -46,24 +50,47 @@ FUNCTIONS = (
     ("pau_jax.sft.finetune", "train_adapter"),  # evaluate.fine_tune_fn of the ft baseline
 )
 
-# Run mode -> (module, function): the entry functions gin binds as `pau_jax.experiment.<name>`.
+# Run mode -> (module, function, gin name): the one list of run modes; gin binds each entry
+# function as `pau_jax.experiment.<gin name>`, and `--run_mode` chooses among these keys.
 ENTRIES = {
-    "quickstart": ("pau_jax.experiment", "quickstart"),
-    "train": ("pau_jax.rl.loop", "train"),
-    "distill": ("pau_jax.sft.distill", "distill"),
-    "eval": ("pau_jax.evaluation.pipeline", "evaluate"),
+    "quickstart": ("pau_jax.experiment", "quickstart", "quickstart"),
+    "train": ("pau_jax.rl.loop", "train", "train"),
+    "distill": ("pau_jax.sft.distill", "distill", "distill"),
+    "eval": ("pau_jax.evaluation.pipeline", "evaluate", "evaluate"),
 }
+RUN_MODES = tuple(ENTRIES)
+
+
+def entry_name(run_mode: str) -> str:
+    """The gin name of a run mode's entry function, e.g. `pau_jax.experiment.evaluate`."""
+    return f"pau_jax.experiment.{ENTRIES[run_mode][2]}"
+
+
+def family_modules() -> tuple[str, ...]:
+    """The modules of the model families' config classes (`models.auto.ARCHITECTURES`)."""
+    from pau_jax.models import auto
+
+    return tuple(sorted({family.config.__module__ for family in auto.ARCHITECTURES.values()}))
+
+
+def config_modules() -> tuple[str, ...]:
+    """Every module whose `*Config` dataclasses gin may construct: the families', then the rest."""
+    return family_modules() + CONFIG_MODULES
 
 
 def _import(name: str):
-    """The module `name`, or None while it does not exist in this checkout."""
+    """The module `name`; a name in the lists above that does not exist is an error."""
     import importlib
 
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
         if e.name == name or name.startswith(f"{e.name}."):
-            return None
+            raise ModuleNotFoundError(
+                f"pau_jax.experiment registers module {name!r}, which does not exist; "
+                "correct or remove it in experiment.py",
+                name=name,
+            ) from e
         raise
 
 
@@ -71,14 +98,13 @@ def register_configurables() -> None:
     """Makes the entry functions and config dataclasses known to gin (called by launch only)."""
     if _REGISTERED:
         return
-    import dataclasses
-
     import gin
 
-    for module_name in CONFIG_MODULES:
-        module = _import(module_name)
-        if module is None:
-            continue
+    # Every module is imported before anything is registered, so a wrong name registers nothing.
+    configs = [(name, _import(name)) for name in config_modules()]
+    functions = [(name, getattr(_import(name), attr)) for name, attr in FUNCTIONS]
+    entries = [(gin_name, getattr(_import(m), attr)) for m, attr, gin_name in ENTRIES.values()]
+    for module_name, module in configs:
         for name, obj in vars(module).items():
             if (
                 name.endswith("Config")
@@ -86,32 +112,20 @@ def register_configurables() -> None:
                 and dataclasses.is_dataclass(obj)
                 and obj.__module__ == module_name
             ):
-                gin.external_configurable(obj, module=module_name)
-    for module_name, name in FUNCTIONS:
-        gin.external_configurable(getattr(_import(module_name), name), module=module_name)
+                denylist = RUN_SET_FIELDS.get(f"{module_name}.{name}")
+                gin.external_configurable(obj, module=module_name, denylist=denylist)
+    for module_name, fn in functions:
+        gin.external_configurable(fn, module=module_name)
     gin.external_configurable(run_defaults, module="pau_jax.experiment")
-    for mode, (module_name, name) in ENTRIES.items():
-        module = _import(module_name)
-        if module is not None:
-            gin.external_configurable(
-                getattr(module, name), name=ENTRY_NAMES[mode], module="pau_jax.experiment"
-            )
+    for gin_name, fn in entries:
+        gin.external_configurable(fn, name=gin_name, module="pau_jax.experiment")
     _REGISTERED.append(True)
-
-
-# The gin names of the entry functions: `pau_jax.experiment.train`, ... .
-ENTRY_NAMES = {
-    "quickstart": "quickstart",
-    "train": "train",
-    "distill": "distill",
-    "eval": "evaluate",
-}
 
 
 def run_defaults(*, run_mode: str = "train") -> str:
     """The run mode a gin file selects (`run_defaults.run_mode = 'eval'`); `--run_mode` wins."""
-    if run_mode not in ENTRY_NAMES:
-        raise ValueError(f"run_mode must be one of {sorted(ENTRY_NAMES)}, got {run_mode!r}")
+    if run_mode not in ENTRIES:
+        raise ValueError(f"run_mode must be one of {sorted(ENTRIES)}, got {run_mode!r}")
     return run_mode
 
 
@@ -119,24 +133,6 @@ def _scored(eval_dir: pathlib.Path, mode: str) -> list[dict]:
     from pau_jax.env import runner
 
     return runner.load_records(eval_dir / f"{mode}_scored.jsonl")
-
-
-def _before_after(before: list[dict], after: list[dict], key: str, seed: int, resamples: int):
-    """Paired interval of mean(after - before) over shared tasks, with a permutation p-value."""
-    import dataclasses
-
-    from pau_jax.evaluation import stats
-
-    a = {r["task_id"]: r.get(key) for r in after}
-    b = {r["task_id"]: r.get(key) for r in before}
-    common = sorted(t for t in a if t in b and a[t] is not None and b[t] is not None)
-    if not common:
-        return None
-    x, y = [float(a[t]) for t in common], [float(b[t]) for t in common]
-    out = dataclasses.asdict(stats.paired_bootstrap(x, y, n_resamples=resamples, seed=seed))
-    out["p_value"] = stats.paired_permutation_test(x, y, n_permutations=resamples, seed=seed)
-    out["n"] = len(common)
-    return out
 
 
 def quickstart(
@@ -206,134 +202,194 @@ def quickstart(
     Returns:
       The summary written to `run_dir/summary.json`.
     """
-    from pau_jax.evaluation import pipeline, report
-    from pau_jax.policy import backends
+    from pau_jax.evaluation import pipeline
     from pau_jax.rl import loop
-    from pau_jax.tasks import DatasetConfig, pau_dataset
-    from pau_jax.training import artefacts
-    from pau_jax.training.run import ActorConfig
+    from pau_jax.tasks import DatasetConfig
 
-    train_fn = train_fn or loop.train
-    evaluate_fn = evaluate_fn or pipeline.evaluate
     out = pathlib.Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    seconds = {}
-
-    def stage(n: int, text: str) -> float:
-        print(f"\n[quickstart] {n}/5 {text}", flush=True)
-        return time.perf_counter()
-
+    started, seconds = time.perf_counter(), {}
     if (checkpoint is None) == (model_config is None):
         raise ValueError(
             "quickstart needs exactly one of model_config= (a random model) and checkpoint= "
             "(a Hugging Face directory)"
         )
-    t = stage(1, f"dataset pau/{dataset_config} under {data_dir}")
+    with _stage(seconds, "setup", 1, f"dataset pau/{dataset_config} under {data_dir}"):
+        model = _set_up(out, checkpoint, model_config, seed, data_dir, dataset_config, manual_dir)
+    run_eval = functools.partial(
+        _evaluate,
+        evaluate_fn or pipeline.evaluate,
+        out,
+        model.checkpoint,
+        dataset=DatasetConfig(
+            config=dataset_config,
+            split=eval_split,
+            data_dir=data_dir,
+            limit=eval_limit,
+            sources=eval_sources,
+        ),
+        modes=tuple(modes),
+        dtype=dtype,
+        agent_sampling=agent_sampling,
+        judge_sampling=judge_sampling,
+        seed=seed,
+        bootstrap_resamples=bootstrap_resamples,
+    )
+    with _stage(seconds, "eval_before", 2, "evaluate the base model (before training)"):
+        before = run_eval("eval_before", None, "PAU evaluation before AAC")
+    text = f"AAC training on pau/{dataset_config} {train_split} (frozen base as critic)"
+    with _stage(seconds, "train", 3, text):
+        trained = (train_fn or loop.train)(
+            run_dir=str(out / "train"),
+            actor=_actor(actor, model.checkpoint, dtype),
+            seed=seed,
+            dataset=DatasetConfig(config=dataset_config, data_dir=data_dir, split=train_split),
+        )
+    adapter = out / "train" / "adapter"
+    with _stage(seconds, "eval_after", 4, f"evaluate the base model + trained adapter {adapter}"):
+        after = run_eval("eval_after", str(adapter), "PAU evaluation after AAC")
+    with _stage(seconds, "report", 5, "report: before vs after"):
+        comparisons, history, path = _report(
+            out,
+            model,
+            before,
+            after,
+            trained,
+            modes,
+            seed,
+            bootstrap_resamples,
+            f"pau/{dataset_config} {eval_split}",
+        )
+    paths = {
+        "checkpoint": str(model.checkpoint),
+        "adapter": str(adapter),
+        "metrics": str(out / "train" / "metrics.jsonl"),
+        "report": str(path),
+    }
+    seconds["total"] = time.perf_counter() - started
+    summary = _summary(model, before, after, trained, comparisons, history, modes)
+    summary |= {"paths": paths, "seconds": {k: round(v, 1) for k, v in seconds.items()}}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _print_summary(summary, model, modes, adapter, path)
+    return summary
+
+
+@dataclasses.dataclass(frozen=True)
+class _Model:
+    """The quickstart's base model: its checkpoint directory and how reports describe it."""
+
+    checkpoint: pathlib.Path
+    text: str
+    real: bool
+
+
+@contextlib.contextmanager
+def _stage(seconds: dict, key: str, n: int, text: str):
+    """Prints the quickstart's stage `n` of 5 and records its duration as `seconds[key]`."""
+    print(f"\n[quickstart] {n}/5 {text}", flush=True)
+    t = time.perf_counter()
+    yield
+    seconds[key] = time.perf_counter() - t
+
+
+def _set_up(out, checkpoint, model_config, seed, data_dir, dataset_config, manual_dir) -> _Model:
+    """Builds the dataset unless it is there; the given checkpoint or a random Qwen3."""
+    from pau_jax.tasks import pau_dataset
+    from pau_jax.training import artefacts
+
     pau_dataset.ensure_built(data_dir, config=dataset_config, manual_dir=manual_dir)
     if checkpoint is not None:
-        real = True
         checkpoint = pathlib.Path(checkpoint).expanduser()
         if not (checkpoint / "config.json").is_file():
             raise FileNotFoundError(
                 f"{checkpoint} has no config.json; pass a Hugging Face directory"
             )
         hf_config = json.loads((checkpoint / "config.json").read_text())
-        model_text = (
+        text = (
             f"{hf_config.get('model_type', '?')} checkpoint {checkpoint.name} "
             f"({hf_config.get('num_hidden_layers', '?')} layers, hidden "
             f"{hf_config.get('hidden_size', '?')})"
         )
         print(f"[quickstart] real checkpoint: {checkpoint}", flush=True)
-    else:
-        real = False
-        # Written under a temporary name and renamed; a half-written one is rebuilt.
-        checkpoint = artefacts.random_base_model(
-            out / "checkpoint", model_config, seed=seed, tag="quickstart"
-        )
-        model_text = (
-            f"random {model_config.num_hidden_layers}-layer Qwen3 (hidden "
-            f"{model_config.hidden_size}) over the real Qwen3 vocabulary: scores measure the "
-            "pipeline, not a model"
-        )
-        print(
-            f"[quickstart] random Qwen3 checkpoint (real Qwen3 tokenizer): {checkpoint}",
-            flush=True,
-        )
-    seconds["setup"] = time.perf_counter() - t
-
-    dataset = DatasetConfig(
-        config=dataset_config,
-        split=eval_split,
-        data_dir=data_dir,
-        limit=eval_limit,
-        sources=eval_sources,
+        return _Model(checkpoint, text, real=True)
+    # Written under a temporary name and renamed; a half-written one is rebuilt.
+    checkpoint = artefacts.random_base_model(
+        out / "checkpoint", model_config, seed=seed, tag="quickstart"
     )
+    text = (
+        f"random {model_config.num_hidden_layers}-layer Qwen3 (hidden "
+        f"{model_config.hidden_size}) over the real Qwen3 vocabulary: scores measure the "
+        "pipeline, not a model"
+    )
+    print(f"[quickstart] random Qwen3 checkpoint (real Qwen3 tokenizer): {checkpoint}", flush=True)
+    return _Model(checkpoint, text, real=False)
+
+
+def _evaluate(
+    evaluate_fn,
+    out,
+    checkpoint,
+    name: str,
+    adapter: str | None,
+    title: str,
+    *,
+    dataset,
+    modes,
+    dtype,
+    agent_sampling,
+    judge_sampling,
+    seed,
+    bootstrap_resamples,
+) -> dict:
+    """One evaluation into `out/name`: the agent (base + `adapter`) graded by the base model."""
+    from pau_jax.policy import backends
+
     base = backends.LocalBackendConfig(
         checkpoint_dir=str(checkpoint), sampling=judge_sampling, dtype=dtype
     )
-
-    def run_eval(name: str, adapter: str | None, title: str) -> dict:
-        agent = backends.LocalBackendConfig(
-            checkpoint_dir=str(checkpoint),
-            sampling=agent_sampling,
-            adapter_dir=adapter,
-            dtype=dtype,
-        )
-        return evaluate_fn(
-            run_dir=str(out / name),
-            policy=agent,
-            judge=base,
-            coder=base,
-            dataset=dataset,
-            modes=tuple(modes),
-            bootstrap_seed=seed,
-            bootstrap_resamples=bootstrap_resamples,
-            title=title,
-        )
-
-    t = stage(2, "evaluate the base model (before training)")
-    before = run_eval("eval_before", None, "PAU evaluation before AAC")
-    seconds["eval_before"] = time.perf_counter() - t
-
-    t = stage(3, f"AAC training on pau/{dataset_config} {train_split} (frozen base as critic)")
-    trained = train_fn(
-        run_dir=str(out / "train"),
-        actor=dataclasses.replace(actor or ActorConfig(), checkpoint=str(checkpoint), dtype=dtype),
-        seed=seed,
-        dataset=DatasetConfig(config=dataset_config, data_dir=data_dir, split=train_split),
+    agent = backends.LocalBackendConfig(
+        checkpoint_dir=str(checkpoint), sampling=agent_sampling, adapter_dir=adapter, dtype=dtype
     )
-    seconds["train"] = time.perf_counter() - t
-    adapter = out / "train" / "adapter"
+    return evaluate_fn(
+        run_dir=str(out / name),
+        policy=agent,
+        judge=base,
+        coder=base,
+        dataset=dataset,
+        modes=modes,
+        bootstrap_seed=seed,
+        bootstrap_resamples=bootstrap_resamples,
+        title=title,
+    )
 
-    t = stage(4, f"evaluate the base model + trained adapter {adapter}")
-    after = run_eval("eval_after", str(adapter), "PAU evaluation after AAC")
-    seconds["eval_after"] = time.perf_counter() - t
 
-    t = stage(5, "report: before vs after")
+def _actor(actor, checkpoint: pathlib.Path, dtype: str):
+    """The trained actor's settings (default `ActorConfig()`) on this run's base and dtype."""
+    from pau_jax.training.run import ActorConfig
+
+    return dataclasses.replace(actor or ActorConfig(), checkpoint=str(checkpoint), dtype=dtype)
+
+
+def _report(out, model, before, after, trained, modes, seed, resamples, data_text):
+    """Writes `out/report.md`; returns (paired comparisons, training history, report path)."""
+    from pau_jax.evaluation import pipeline, report, stats
+
     runs, intervals, comparisons = {}, {}, {}
     for mode in modes:
-        scored = {
-            stage_name: _scored(out / f"eval_{stage_name}", mode)
-            for stage_name in ("before", "after")
-        }
-        for stage_name, result in (("before", before), ("after", after)):
-            runs[f"{stage_name}/{mode}"] = scored[stage_name]
-            intervals[f"{stage_name}/{mode}"] = result["intervals"][mode]
-        pair = {
-            key: _before_after(scored["before"], scored["after"], key, seed, bootstrap_resamples)
-            for key in ("code_match", "judge_score")
-        }
-        comparisons[f"after/{mode} vs before/{mode}"] = {
-            k: v for k, v in pair.items() if v is not None
-        }
+        scored = {name: _scored(out / f"eval_{name}", mode) for name in ("before", "after")}
+        for name, result in (("before", before), ("after", after)):
+            runs[f"{name}/{mode}"] = scored[name]
+            intervals[f"{name}/{mode}"] = result["intervals"][mode]
+        comparisons[f"after/{mode} vs before/{mode}"] = stats.compare_runs(
+            scored["after"], scored["before"], seed=seed, resamples=resamples
+        )
     history = []
     metrics_path = out / "train" / "metrics.jsonl"
     if metrics_path.exists():
         history = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
     notes = [
-        model_text,
-        f"{before['tasks']} tasks of pau/{dataset_config} {eval_split}; judge and coder: the base "
+        model.text,
+        f"{before['tasks']} tasks of {data_text}; judge and coder: the base "
         "checkpoint in both evaluations; 'after' adds the AAC LoRA adapter to the agent only",
     ]
     if trained.get("credit"):
@@ -348,26 +404,31 @@ def quickstart(
         training=history,
         banner=pipeline.SELF_GRADED_BANNER,
     )
-    seconds["report"] = time.perf_counter() - t
+    return comparisons, history, path
 
-    def headline(result):
-        out_ = {}
-        for mode in modes:
-            s = result["runs"][mode]
-            out_[mode] = {
-                "code_match": s["code_match"]["mean"],
-                "judge": s["judge"]["mean"],
-                "judge_unparsed": s["judge"]["unparsed"],
-                "calls": s["calls"]["mean"],
-            }
-        return out_
 
-    summary = {
-        "model": model_text,
+def _headline(result: dict, modes) -> dict:
+    """Per mode: mean code match, judge score, unparsed ratings and calls of an evaluation."""
+    out = {}
+    for mode in modes:
+        s = result["runs"][mode]
+        out[mode] = {
+            "code_match": s["code_match"]["mean"],
+            "judge": s["judge"]["mean"],
+            "judge_unparsed": s["judge"]["unparsed"],
+            "calls": s["calls"]["mean"],
+        }
+    return out
+
+
+def _summary(model, before, after, trained, comparisons, history, modes) -> dict:
+    """The quickstart's summary without its paths and seconds."""
+    return {
+        "model": model.text,
         "self_graded": bool(before["grading"]["self_graded"]),
         "tasks": before["tasks"],
-        "before": headline(before),
-        "after": headline(after),
+        "before": _headline(before, modes),
+        "after": _headline(after, modes),
         "comparisons": comparisons,
         "train": {  # From metrics.jsonl, so that a resumed run reports its last step too.
             "steps": trained["steps"],
@@ -375,18 +436,12 @@ def quickstart(
             "loss": history[-1].get("train/loss") if history else None,
             "reward_mean": history[-1].get("rollout/reward_mean") if history else None,
         },
-        "paths": {
-            "checkpoint": str(checkpoint),
-            "adapter": str(adapter),
-            "metrics": str(metrics_path),
-            "report": str(path),
-        },
-        "seconds": {k: round(v, 1) for k, v in seconds.items()}
-        | {"total": round(time.perf_counter() - started, 1)},
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if real:
-        print(f"\n[quickstart] summary ({model_text}; self-graded)")
+
+
+def _print_summary(summary: dict, model: _Model, modes, adapter, path) -> None:
+    if model.real:
+        print(f"\n[quickstart] summary ({model.text}; self-graded)")
     else:
         print("\n[quickstart] summary (random weights: the numbers show the pipeline works)")
     for mode in modes:
@@ -395,13 +450,13 @@ def quickstart(
             f"  {mode:12s} code match {b['code_match']:.3f} -> {a['code_match']:.3f}   "
             f"judge {_num(b['judge'])} -> {_num(a['judge'])}"
         )
+    train = summary["train"]
     print(
-        f"  AAC: {trained['steps']} steps, last loss {_num(summary['train']['loss'], 4)}, "
-        f"reward mean {_num(summary['train']['reward_mean'], 3)}"
+        f"  AAC: {train['steps']} steps, last loss {_num(train['loss'], 4)}, "
+        f"reward mean {_num(train['reward_mean'], 3)}"
     )
     print(f"  adapter: {adapter}\n  seconds: {summary['seconds']}")
     print(f"[quickstart] report: {path}", flush=True)
-    return summary
 
 
 def _num(x, digits: int = 2) -> str:

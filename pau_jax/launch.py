@@ -27,8 +27,9 @@ import time
 
 from absl import app, flags, logging
 
+from pau_jax import experiment
+
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
-RUN_MODES = ("quickstart", "train", "distill", "eval")  # experiment.ENTRY_NAMES' keys
 
 _GIN_FILES = flags.DEFINE_multi_string(
     "gin_file", [], "Gin files, parsed in order (later files override earlier ones)."
@@ -39,7 +40,7 @@ _GIN_BINDINGS = flags.DEFINE_multi_string(
 _RUN_MODE = flags.DEFINE_enum(
     "run_mode",
     None,
-    RUN_MODES,
+    experiment.RUN_MODES,
     "What to run; default: what the gin files bind (`run_defaults.run_mode = 'eval'`), else train.",
 )
 _RUN_DIR = flags.DEFINE_string(
@@ -145,7 +146,7 @@ def parse_config(gin_files, bindings) -> None:
 
     import gin
 
-    from pau_jax import config_check, experiment
+    from pau_jax import config_check
 
     experiment.register_configurables()
     for path in (str(GIN_DIR), os.getcwd()):
@@ -219,7 +220,7 @@ def main(argv):
 def _main(argv):
     import gin
 
-    from pau_jax import config_check, experiment
+    from pau_jax import config_check
 
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -233,7 +234,7 @@ def _main(argv):
     if mode != selected:
         logging.warning("--run_mode=%s overrides the gin files' run mode %r", mode, selected)
     run_dir = pathlib.Path(_RUN_DIR.value or f"runs/{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
-    entry_name = f"pau_jax.experiment.{experiment.ENTRY_NAMES[mode]}"
+    entry_name = experiment.entry_name(mode)
     if _DRY_RUN.value:
         print(gin.config_str(), flush=True)
         missing = config_check.missing_required(mode, entry_name)

@@ -160,7 +160,12 @@ def load_tokenizer(path_or_name: str | os.PathLike) -> transformers.PreTrainedTo
     """
     if str(path_or_name) == OFFLINE_NAME:
         return offline_qwen3_tokenizer()
-    path = hub.resolve(path_or_name)
+    try:
+        path = hub.resolve(path_or_name)
+    except hub.HubError as e:
+        raise hub.HubError(
+            f"{e}; for the Qwen3 vocabulary without a checkpoint pass {OFFLINE_NAME!r}"
+        ) from None
     if not path.is_dir():
         raise FileNotFoundError(
             f"No tokenizer directory at {str(path)!r}: pass a local checkpoint directory"

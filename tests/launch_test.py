@@ -177,4 +177,5 @@ def test_top_level_gin_files_parse(name, tmp_path):
 def test_every_run_mode_can_be_chosen_on_the_command_line():
     from pau_jax import experiment, launch
 
-    assert set(launch.RUN_MODES) == set(experiment.ENTRY_NAMES) == set(experiment.ENTRIES)
+    assert launch.flags.FLAGS["run_mode"].parser.enum_values == list(experiment.RUN_MODES)
+    assert set(experiment.RUN_MODES) == set(experiment.ENTRIES)

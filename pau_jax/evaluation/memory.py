@@ -206,6 +206,128 @@ def _train_embeddings(folder: pathlib.Path, embedder, ids: list[str], texts: lis
     return keys
 
 
+def _retrieve(folder, specs, first_records, embedder, train_ids, texts, config) -> dict:
+    """Stage 1: the top-k train items of each test task by embedding similarity of its first
+    prediction to the train items' gold descriptions; task id -> retrieval row."""
+    retrieval_path = folder / "retrieval.jsonl"
+    retrieved = _keyed(retrieval_path)
+    pending = [s.task.task_id for s in specs if s.task.task_id not in retrieved]
+    if pending:
+        keys = _train_embeddings(folder, embedder, train_ids, texts)
+        queries = [first_records[t]["prediction"] or EMPTY_PREDICTION for t in pending]
+        print(f"[memory] retrieving the top {config.top_k} of {len(train_ids)} train items "
+              f"for {len(pending)} tasks", flush=True)  # fmt: skip
+        order, scores = top_k(np.asarray(embedder.embed(queries)), keys, config.top_k)
+        rows = [
+            {
+                "task_id": t,
+                "query": q,
+                "retrieved": [train_ids[j] for j in idx],
+                "scores": [float(x) for x in row],
+            }
+            for t, q, idx, row in zip(pending, queries, order, scores, strict=True)
+        ]
+        _append(retrieval_path, rows)
+        retrieved.update({r["task_id"]: r for r in rows})
+    return retrieved
+
+
+def _critique_train_items(
+    folder,
+    specs,
+    retrieved,
+    train,
+    train_references,
+    agent,
+    executor,
+    episode_config,
+    config,
+    call_timeout_s,
+    max_parallel_calls,
+) -> dict:
+    """Stage 2: one interactive episode and one critique per retrieved train item; train task
+    id -> critique row."""
+    complete = getattr(agent, "complete", agent)
+    needed = list(dict.fromkeys(t for s in specs for t in retrieved[s.task.task_id]["retrieved"]))
+    by_train = {s.task.task_id: s for s in train}
+    critiques_path = folder / "critiques.jsonl"
+    critiques = _keyed(critiques_path)
+    todo = [t for t in needed if t not in critiques]
+    if todo:
+        episodes_path = folder / "train_episodes.jsonl"
+        print(f"[memory] {len(todo)} episodes on retrieved train items", flush=True)
+        runner.run_episodes(
+            [by_train[t] for t in todo],
+            complete,
+            executor,
+            episode_config,
+            out_path=episodes_path,
+            call_timeout_s=call_timeout_s,
+            max_parallel_calls=max_parallel_calls,
+        )
+        train_records = _keyed(episodes_path)
+        for chunk in _chunks(todo, config.batch_size):
+            conversations = []
+            for t in chunk:
+                record, ref = train_records[t], train_references[t]
+                conversations.append(
+                    critique_messages(
+                        header=ref.header,
+                        description=ref.description,
+                        held_out=held_out_observations(
+                            ref, episode_config.display_mode, config.max_held_out_shown
+                        ),
+                        tried=by_train[t].task.examples + _observations(record),
+                        prediction=record["prediction"],
+                    )
+                )
+            texts_out = agent(conversations)
+            rows = [
+                {"task_id": t, "messages": m, "output": x, "critique": parse_critique(x)}
+                for t, m, x in zip(chunk, conversations, texts_out, strict=True)
+            ]
+            _append(critiques_path, rows)
+            critiques.update({r["task_id"]: r for r in rows})
+            print(f"[memory] critiques {len(critiques)}/{len(needed)}", flush=True)
+    return critiques
+
+
+def _merge_critiques(folder, specs, retrieved, critiques, agent, config) -> dict:
+    """Stage 3: one merged critique per test task (a single critique is kept as it is); task
+    id -> summary row."""
+    summaries_path = folder / "summaries.jsonl"
+    summaries = _keyed(summaries_path)
+    todo = [s.task.task_id for s in specs if s.task.task_id not in summaries]
+    single, several = [], []
+    for t in todo:
+        parts = [critiques[i]["critique"] for i in retrieved[t]["retrieved"]]
+        (single if len(parts) == 1 else several).append((t, parts))
+    if single:
+        rows = [
+            {"task_id": t, "critiques": p, "messages": None, "output": None, "critique": p[0]}
+            for t, p in single
+        ]
+        _append(summaries_path, rows)
+        summaries.update({r["task_id"]: r for r in rows})
+    for chunk in _chunks(several, config.batch_size):
+        conversations = [summary_messages(parts) for _, parts in chunk]
+        texts_out = agent(conversations)
+        rows = [
+            {
+                "task_id": t,
+                "critiques": p,
+                "messages": m,
+                "output": x,
+                "critique": parse_critique(x),
+            }
+            for (t, p), m, x in zip(chunk, conversations, texts_out, strict=True)
+        ]
+        _append(summaries_path, rows)
+        summaries.update({r["task_id"]: r for r in rows})
+        print(f"[memory] merged critiques {len(summaries)}/{len(specs)}", flush=True)
+    return summaries
+
+
 def run_memory(
     *,
     specs: Sequence[runner.EpisodeSpec],
@@ -262,101 +384,23 @@ def run_memory(
     complete = getattr(agent, "complete", agent)
 
     # 1. Retrieval.
-    retrieval_path = folder / "retrieval.jsonl"
-    retrieved = _keyed(retrieval_path)
-    pending = [s.task.task_id for s in specs if s.task.task_id not in retrieved]
-    if pending:
-        keys = _train_embeddings(folder, embedder, train_ids, texts)
-        queries = [first_records[t]["prediction"] or EMPTY_PREDICTION for t in pending]
-        print(f"[memory] retrieving the top {config.top_k} of {len(train_ids)} train items "
-              f"for {len(pending)} tasks", flush=True)  # fmt: skip
-        order, scores = top_k(np.asarray(embedder.embed(queries)), keys, config.top_k)
-        rows = [
-            {
-                "task_id": t,
-                "query": q,
-                "retrieved": [train_ids[j] for j in idx],
-                "scores": [float(x) for x in row],
-            }
-            for t, q, idx, row in zip(pending, queries, order, scores, strict=True)
-        ]
-        _append(retrieval_path, rows)
-        retrieved.update({r["task_id"]: r for r in rows})
-
+    retrieved = _retrieve(folder, specs, first_records, embedder, train_ids, texts, config)
     # 2. Critiques: one interactive episode and one critique per retrieved train item.
-    needed = list(dict.fromkeys(t for s in specs for t in retrieved[s.task.task_id]["retrieved"]))
-    by_train = {s.task.task_id: s for s in train}
-    critiques_path = folder / "critiques.jsonl"
-    critiques = _keyed(critiques_path)
-    todo = [t for t in needed if t not in critiques]
-    if todo:
-        episodes_path = folder / "train_episodes.jsonl"
-        print(f"[memory] {len(todo)} episodes on retrieved train items", flush=True)
-        runner.run_episodes(
-            [by_train[t] for t in todo],
-            complete,
-            executor,
-            episode_config,
-            out_path=episodes_path,
-            call_timeout_s=call_timeout_s,
-            max_parallel_calls=max_parallel_calls,
-        )
-        train_records = _keyed(episodes_path)
-        for chunk in _chunks(todo, config.batch_size):
-            conversations = []
-            for t in chunk:
-                record, ref = train_records[t], train_references[t]
-                conversations.append(
-                    critique_messages(
-                        header=ref.header,
-                        description=ref.description,
-                        held_out=held_out_observations(
-                            ref, episode_config.display_mode, config.max_held_out_shown
-                        ),
-                        tried=by_train[t].task.examples + _observations(record),
-                        prediction=record["prediction"],
-                    )
-                )
-            texts_out = agent(conversations)
-            rows = [
-                {"task_id": t, "messages": m, "output": x, "critique": parse_critique(x)}
-                for t, m, x in zip(chunk, conversations, texts_out, strict=True)
-            ]
-            _append(critiques_path, rows)
-            critiques.update({r["task_id"]: r for r in rows})
-            print(f"[memory] critiques {len(critiques)}/{len(needed)}", flush=True)
-
+    critiques = _critique_train_items(
+        folder,
+        specs,
+        retrieved,
+        train,
+        train_references,
+        agent,
+        executor,
+        episode_config,
+        config,
+        call_timeout_s,
+        max_parallel_calls,
+    )
     # 3. One merged critique per test task.
-    summaries_path = folder / "summaries.jsonl"
-    summaries = _keyed(summaries_path)
-    todo = [s.task.task_id for s in specs if s.task.task_id not in summaries]
-    single, several = [], []
-    for t in todo:
-        parts = [critiques[i]["critique"] for i in retrieved[t]["retrieved"]]
-        (single if len(parts) == 1 else several).append((t, parts))
-    if single:
-        rows = [
-            {"task_id": t, "critiques": p, "messages": None, "output": None, "critique": p[0]}
-            for t, p in single
-        ]
-        _append(summaries_path, rows)
-        summaries.update({r["task_id"]: r for r in rows})
-    for chunk in _chunks(several, config.batch_size):
-        conversations = [summary_messages(parts) for _, parts in chunk]
-        texts_out = agent(conversations)
-        rows = [
-            {
-                "task_id": t,
-                "critiques": p,
-                "messages": m,
-                "output": x,
-                "critique": parse_critique(x),
-            }
-            for (t, p), m, x in zip(chunk, conversations, texts_out, strict=True)
-        ]
-        _append(summaries_path, rows)
-        summaries.update({r["task_id"]: r for r in rows})
-        print(f"[memory] merged critiques {len(summaries)}/{len(specs)}", flush=True)
+    summaries = _merge_critiques(folder, specs, retrieved, critiques, agent, config)
 
     # 4. The second episode: critique, first prediction and first calls carried in.
     second = []

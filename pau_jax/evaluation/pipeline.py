@@ -14,12 +14,14 @@ asked for explicitly with `judge='self'` / `coder='self'`; such a run is marked
 "self-graded" at the top of `report.md` and in `metrics.json` (`grading`). A
 seat that is the agent's own checkpoint or endpoint counts as self-graded too.
 
-Modes: `interactive` and `in_context` (the paper's two), and the baselines
-`memory` (a second interactive episode informed by critiques of retrieved train
-functions; `memory.py`), `ft` (in-context with a LoRA adapter fine-tuned on the
-train split's in-context prompt -> gold description pairs, by the injected
+Modes (one module each under `modes/`, named in `modes.REGISTRY`): `interactive`
+and `in_context` (the paper's two), and the baselines `memory` (a second
+interactive episode informed by critiques of retrieved train functions;
+`memory.py`), `ft` (in-context with a LoRA adapter fine-tuned on the train
+split's in-context prompt -> gold description pairs, by the injected
 `fine_tune_fn`) and `gold` (the coder's code from the gold description and the
-shown examples: the upper bound of code match; `gold.py`).
+shown examples: the upper bound of code match; `gold.py`). Their statistics are
+`stats.summarize_runs`.
 
 Written into `run_dir`, per run name (the mode, and `<mode>+observations` for the
 coder variant that sees the observed calls): `<mode>_episodes.jsonl`
@@ -34,75 +36,186 @@ resumable file is moved to `<file>.corrupt` with a warning and its item redone;
 """
 
 import dataclasses
-import itertools
 import json
 import pathlib
 import time
 from collections.abc import Sequence
 
-from pau_jax.env import jsonl, runner
+from pau_jax.env import (
+    jsonl,
+    runner,  # noqa: F401 (kept as `pipeline.runner` for callers)
+)
 from pau_jax.env.episode import EpisodeConfig
+from pau_jax.evaluation import memory as memory_lib
 from pau_jax.evaluation import (
-    gold,
-    in_context,
     metrics,
     report,
-    score,
+    score,  # noqa: F401 (kept as `pipeline.score` for callers)
     stats,
 )
-from pau_jax.evaluation import memory as memory_lib
-from pau_jax.policy import backends, embeddings
-from pau_jax.policy.backends import SELF, LocalBackendConfig, Seat
-from pau_jax.tasks import DatasetConfig, DemoTasksConfig, load_tasks
+from pau_jax.evaluation.modes import REGISTRY, Context, Options
+from pau_jax.evaluation.modes.context import train_dataset as _train_dataset
+from pau_jax.policy import backends
+from pau_jax.policy.backends import SELF, Seat
+from pau_jax.tasks import DemoTasksConfig, load_tasks
 
-MODES = ("interactive", "in_context", "memory", "ft", "gold")
+MODES = tuple(REGISTRY)
 # Paired comparisons written to metrics.json when both runs are present: (a, b) -> "a vs b".
 PAIRED = (("interactive", "in_context"), ("memory", "interactive"), ("ft", "in_context"))
+# Runs whose per-task best code match is written to metrics.json: (a, b) -> "max(a, b)".
+ENSEMBLED = (("interactive", "in_context"),)
 SELF_GRADED_BANNER = (
     "**Self-graded**: the judge and/or the coder is the evaluated model itself, not the "
     "paper's fixed judge and coder; these scores are not comparable with published numbers."
 )
 
 
-def _train_dataset(dataset, train_dataset):
-    """The train split the memory and ft baselines learn from."""
-    if train_dataset is not None:
-        return train_dataset
-    if isinstance(dataset, DatasetConfig):
-        return dataclasses.replace(dataset, split="train", limit=None)
-    raise ValueError(
-        "the memory and ft modes need the train split of the pau dataset: evaluate a "
-        "DatasetConfig, or set train_dataset=DatasetConfig(split='train', ...)"
+def _check_arguments(modes: tuple[str, ...], options: Options) -> None:
+    """Refuses, before anything runs, unknown or repeated modes, bad coder variants and a
+    mode's missing requirements."""
+    unknown = [m for m in modes if m not in REGISTRY]
+    if unknown or not modes or len(set(modes)) != len(modes):
+        what = f"unknown mode {unknown[0]!r}: " if unknown else ""
+        raise ValueError(f"{what}modes must be a non-empty subset of {MODES}, got {modes}")
+    variants = options.coder_observations
+    if not variants or len(set(variants)) != len(variants):
+        raise ValueError(f"coder_observations must be (False,), (True,) or both, got {variants}")
+    for name, mode in REGISTRY.items():
+        if name in modes and mode.check is not None:
+            mode.check(modes, options)
+    if any(REGISTRY[m].needs_train for m in modes):
+        _train_dataset(options)
+
+
+def _grading(modes, policy, judge, coder):
+    """(judge backend, coder backend, the `grading` entry of metrics.json)."""
+    judge_backend, judge_self, judge_text = None, False, "not used (gold mode only)"
+    if any(REGISTRY[m].needs_agent for m in modes):
+        judge_backend, judge_self = backends.resolve_seat("judge", judge, policy)
+        judge_text = (
+            "self (the evaluated model)" if judge_self else backends.describe(judge_backend)
+        )
+    coder_backend, coder_self = backends.resolve_seat("coder", coder, policy)
+    grading = {
+        "judge": judge_text,
+        "coder": "self (the evaluated model)" if coder_self else backends.describe(coder_backend),
+        "self_graded": judge_self or coder_self,
+    }
+    return judge_backend, coder_backend, grading
+
+
+def _run_modes(
+    options, modes, *, judge, coder, judge_backend, coder_backend, self_graded, sandbox_workers
+):
+    """Loads the tasks, builds the seats and runs each mode in order.
+
+    Returns:
+      (tasks evaluated, run name -> scored records, mode -> baseline entry,
+       seat -> requests that failed after their retries).
+    """
+    from pau_jax.sandbox import Executor
+
+    uses_agent = any(REGISTRY[m].needs_agent for m in modes)
+    runs, baselines = {}, {}
+    with Executor(workers=sandbox_workers) as executor:
+        specs, references = load_tasks(options.dataset, executor, options.episode_config)
+        if not specs:
+            raise ValueError(f"the dataset {options.dataset!r} has no items to evaluate")
+        print(f"[eval] {len(specs)} tasks; modes {modes}", flush=True)
+        if self_graded:
+            print("[eval] SELF-GRADED: the judge or the coder is the evaluated model", flush=True)
+        seats = backends.Backends(specs)
+        # Each seat under its name, so that an endpoint that fails is named by its seat.
+        model = seats.build(options.policy) if uses_agent or coder == SELF else None
+        agent = Seat("agent", model) if model is not None else None
+        judge_seat = None
+        if uses_agent:
+            judge_seat = Seat("judge", model if judge == SELF else seats.build(judge_backend))
+        coder_seat = Seat("coder", model if coder == SELF else seats.build(coder_backend))
+        train = None
+        if any(REGISTRY[m].needs_train for m in modes):
+            train = load_tasks(_train_dataset(options), executor, options.episode_config)
+            print(f"[eval] train split: {len(train[0])} tasks", flush=True)
+        context = Context(
+            options=options,
+            specs=specs,
+            references=references,
+            ids=frozenset(s.task.task_id for s in specs),
+            executor=executor,
+            seats=seats,
+            agent=agent,
+            judge=judge_seat,
+            coder=coder_seat,
+            train=train,
+        )
+        for name in modes:
+            produced = REGISTRY[name].run(context)
+            runs.update(produced.runs)
+            if produced.baseline is not None:
+                baselines[name] = produced.baseline
+    # Requests that failed after their retries (each stopped its run: 0 in a finished run).
+    failures = {}
+    for name, seat in (("policy", agent), ("judge", judge_seat), ("coder", coder_seat)):
+        if hasattr(getattr(seat, "policy", None), "failures"):
+            failures[name] = len(seat.policy.failures)
+    return len(specs), runs, baselines, failures
+
+
+def _notes(result: dict, runs: dict, episode_config: EpisodeConfig) -> list[str]:
+    """The notes at the top of report.md."""
+    grading, gold_summary = result["grading"], result["gold"]
+    notes = [f"{result['tasks']} tasks; call budget {episode_config.call_budget}"]
+    notes += [f"judge: {grading['judge']}; coder: {grading['coder']}"]
+    notes += [
+        f"{k}: code match mean {v['code_match_mean']:.3f}"
+        for k, v in result["max_ensemble"].items()
+    ]
+    if "gold" in runs and not gold_summary:
+        notes += ["gold: no task has a gold description to write code from"]
+    if gold_summary:
+        shares = ", ".join(
+            f"{name} {share:.0%}" for name, share in gold_summary["share_of_gold"].items()
+        )
+        notes += [
+            f"gold (code from the gold description and the shown examples; the upper bound of "
+            f"code match with this coder): {gold_summary['code_match_mean']:.3f}"
+            + (f"; each run's code match as a share of it: {shares}" if shares else "")
+        ]
+    notes += [
+        f"{seat} backend: {n} failed requests"
+        for seat, n in result["backend_failures"].items()
+        if n
+    ]
+    notes += [
+        f"{name}: {n} corrupt line{'s' if n != 1 else ''} moved to {name}{jsonl.SIDECAR_SUFFIX} "
+        "(their items were run again)"
+        for name, n in result["corrupt_records"].items()
+    ]
+    return notes
+
+
+def _write_outputs(out, runs, result, *, title, episode_config) -> None:
+    """Writes metrics.json, report.md and its plots, and prints each run's summary."""
+    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
+    path = report.write_report(
+        out,
+        runs,
+        title=title,
+        notes=_notes(result, runs, episode_config),
+        intervals=result["intervals"],
+        comparisons=result["comparisons"],
+        banner=SELF_GRADED_BANNER if result["grading"]["self_graded"] else "",
     )
-
-
-def _check_baselines(modes, *, policy, memory, fine_tune_fn, dataset, train_dataset) -> None:
-    """Refuses, before anything runs, a baseline mode whose requirements are missing."""
-    if "memory" in modes:
-        if "interactive" not in modes or modes.index("interactive") > modes.index("memory"):
-            raise ValueError(
-                "the memory mode starts from the interactive run: use "
-                "modes=('interactive', 'memory') (interactive first)"
-            )
-        if memory is None or memory.embedder is None:
-            raise ValueError(
-                "the memory mode needs an embedder: memory=MemoryConfig(embedder="
-                "LocalEmbeddingConfig(checkpoint_dir=...) or HTTPEmbeddingConfig(...)) "
-                "(gin: eval/memory.gin and --gin.EMBEDDING_CHECKPOINT=...)"
-            )
-    if "ft" in modes:
-        if fine_tune_fn is None:
-            raise ValueError(
-                "the ft mode needs fine_tune_fn (gin: eval/ft.gin binds "
-                "@pau_jax.sft.finetune.train_adapter)"
-            )
-        if not isinstance(policy, LocalBackendConfig) or policy.adapter_dir:
-            raise ValueError(
-                "the ft mode fine-tunes a fresh LoRA on a local checkpoint: the agent must be a "
-                "LocalBackendConfig without adapter_dir"
-            )
-    if "memory" in modes or "ft" in modes:
-        _train_dataset(dataset, train_dataset)
+    for name, s in result["runs"].items():
+        j, c = s["judge"], s["code_match"]
+        judge_text = f"{j['mean']:.2f}" if j["mean"] is not None else "n/a"
+        code_text = f"{c['mean']:.3f}" if c["mean"] is not None else "n/a"
+        print(
+            f"[eval] {name}: episodes={s['episodes']} code_match={code_text} "
+            f"judge={judge_text} (unparsed {j['unparsed']}) calls={s['calls']['mean']:.1f}",
+            flush=True,
+        )
+    print(f"[eval] metrics: {out / 'metrics.json'}; report: {path}", flush=True)
 
 
 def evaluate(
@@ -137,8 +250,8 @@ def evaluate(
       run_dir: output folder (a rerun with the same folder resumes).
       policy: the agent's backend (a `pau_jax.policy.backends` `*BackendConfig`).
       dataset: `DatasetConfig` (a built TFDS split) or `DemoTasksConfig`.
-      modes: any of 'interactive', 'in_context', 'memory' (after 'interactive'),
-        'ft' and 'gold', run in this order.
+      modes: names in `modes.REGISTRY`: any of 'interactive', 'in_context', 'memory'
+        (after 'interactive'), 'ft' and 'gold', run in this order.
       judge: the judge's backend (required), or 'self' for the agent's own model.
       coder: the coder's backend (required), or 'self' for the agent's own model.
       episode_config: the protocol constants (budget, history window, display).
@@ -169,273 +282,63 @@ def evaluate(
       http.EndpointError: a seat's endpoint still failed after its retries (finished
         episodes and scores stay in their files; rerun with the same `run_dir`).
     """
-    from pau_jax.sandbox import Executor
-
     modes = tuple(modes)
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes or len(set(modes)) != len(modes):
-        raise ValueError(f"modes must be a non-empty subset of {MODES}, got {modes}")
-    if not coder_observations or len(set(coder_observations)) != len(coder_observations):
-        raise ValueError(
-            f"coder_observations must be (False,), (True,) or both, got {coder_observations}"
-        )
-    _check_baselines(
-        modes,
+    options = Options(
+        out=pathlib.Path(run_dir),
         policy=policy,
-        memory=memory,
-        fine_tune_fn=fine_tune_fn,
         dataset=dataset,
         train_dataset=train_dataset,
+        episode_config=episode_config,
+        call_timeout_s=call_timeout_s,
+        score_timeout_s=score_timeout_s,
+        max_parallel_calls=max_parallel_calls,
+        coder_observations=tuple(coder_observations or ()),
+        attribute_failures=attribute_failures,
+        low_code_match=low_code_match,
+        low_judge_score=low_judge_score,
+        in_context_batch_size=in_context_batch_size,
+        score_batch_size=score_batch_size,
+        memory=memory,
+        fine_tune_fn=fine_tune_fn,
     )
-    agent_modes = [m for m in modes if m != "gold"]  # the gold mode needs the coder only
-    judge_backend, judge_self, judge_text = None, False, "not used (gold mode only)"
-    if agent_modes:
-        judge_backend, judge_self = backends.resolve_seat("judge", judge, policy)
-        judge_text = (
-            "self (the evaluated model)" if judge_self else backends.describe(judge_backend)
-        )
-    coder_backend, coder_self = backends.resolve_seat("coder", coder, policy)
-    grading = {
-        "judge": judge_text,
-        "coder": "self (the evaluated model)" if coder_self else backends.describe(coder_backend),
-        "self_graded": judge_self or coder_self,
-    }
-    out = pathlib.Path(run_dir)
+    _check_arguments(modes, options)
+    judge_backend, coder_backend, grading = _grading(modes, policy, judge, coder)
+    out = options.out
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    runs, failures, baselines = {}, {}, {}
-    with Executor(workers=sandbox_workers) as executor:
-        specs, references = load_tasks(dataset, executor, episode_config)
-        if not specs:
-            raise ValueError(f"the dataset {dataset!r} has no items to evaluate")
-        print(f"[eval] {len(specs)} tasks; modes {tuple(modes)}", flush=True)
-        if grading["self_graded"]:
-            print("[eval] SELF-GRADED: the judge or the coder is the evaluated model", flush=True)
-        seats = backends.Backends(specs)
-        # Each seat under its name, so that an endpoint that fails is named by its seat.
-        model = seats.build(policy) if agent_modes or coder == SELF else None
-        agent = Seat("agent", model) if model is not None else None
-        judge_policy = None
-        if agent_modes:
-            judge_policy = Seat("judge", model if judge == SELF else seats.build(judge_backend))
-        coder_policy = Seat("coder", model if coder == SELF else seats.build(coder_backend))
-        ids = {s.task.task_id for s in specs}
-        train = None
-        if "memory" in modes or "ft" in modes:
-            train = load_tasks(_train_dataset(dataset, train_dataset), executor, episode_config)
-            print(f"[eval] train split: {len(train[0])} tasks", flush=True)
-        for mode in modes:
-            episodes_path = out / f"{mode}_episodes.jsonl"
-            if mode == "gold":
-                records = gold.gold_records(specs, references)
-                gold_path = out / "gold_scored.jsonl"
-                jsonl.prepare(gold_path, required=runner.RECORD_KEYS)
-                missing = gold.record_missing(records, references, gold_path)
-                if missing:
-                    print(f"[eval] gold: {missing} tasks have no gold description", flush=True)
-                score.score_into_file(
-                    [r for r in records if r["prediction"]],
-                    references,
-                    gold_path,
-                    judge_policy=None,
-                    coder_policy=coder_policy,
-                    executor=executor,
-                    with_observations=True,
-                    judged=None,
-                    attribute=False,
-                    low_code_match=low_code_match,
-                    low_judge_score=low_judge_score,
-                    batch_size=score_batch_size,
-                    timeout_s=score_timeout_s,
-                )
-                runs["gold"] = [r for r in runner.load_records(gold_path) if r["task_id"] in ids]
-                continue
-            if mode == "memory":
-                first = {
-                    r["task_id"]: r
-                    for r in runner.load_records(out / "interactive_episodes.jsonl")
-                    if r["task_id"] in ids
-                }
-                memory_lib.run_memory(
-                    specs=specs,
-                    first_records=first,
-                    train_specs=train[0],
-                    train_references=train[1],
-                    agent=agent,
-                    embedder=backends.EmbedderSeat(memory.embedder),
-                    embedder_name=embeddings.describe(memory.embedder),
-                    executor=executor,
-                    episode_config=episode_config,
-                    config=memory,
-                    run_dir=out,
-                    call_timeout_s=call_timeout_s,
-                    max_parallel_calls=max_parallel_calls,
-                )
-                baselines["memory"] = {
-                    "embedder": embeddings.describe(memory.embedder),
-                    "top_k": memory.top_k,
-                    "train_tasks": len(train[0]),
-                }
-            elif mode == "ft":
-                pairs = in_context.training_pairs(*train)
-                print(f"[eval] ft: fine-tuning on {len(pairs)} train pairs", flush=True)
-                adapter = fine_tune_fn(
-                    checkpoint_dir=policy.checkpoint_dir,
-                    out_dir=str(out / "ft"),
-                    pairs=pairs,
-                    dtype=policy.dtype,
-                    tokenizer=policy.tokenizer,
-                )
-                ft_agent = Seat(
-                    "agent", seats.build(dataclasses.replace(policy, adapter_dir=str(adapter)))
-                )
-                in_context.run_in_context(
-                    specs,
-                    ft_agent,
-                    out_path=episodes_path,
-                    batch_size=in_context_batch_size,
-                    mode="ft",
-                )
-                baselines["ft"] = {"adapter": str(adapter), "train_pairs": len(pairs)}
-            elif mode == "interactive":
-                runner.run_episodes(
-                    specs,
-                    # Reply objects (token counts, finish reasons) when the backend has them:
-                    # a prompt over SamplingConfig.max_prompt_tokens then ends its episode.
-                    getattr(agent, "complete", agent),
-                    executor,
-                    episode_config,
-                    out_path=episodes_path,
-                    call_timeout_s=call_timeout_s,
-                    max_parallel_calls=max_parallel_calls,
-                )
-            else:
-                in_context.run_in_context(
-                    specs, agent, out_path=episodes_path, batch_size=in_context_batch_size
-                )
-            records = [r for r in runner.load_records(episodes_path) if r["task_id"] in ids]
-            print(f"[eval] {mode}: {len(records)} episodes in {episodes_path.name}", flush=True)
-            judged = None
-            for with_obs in coder_observations:
-                name = f"{mode}+observations" if with_obs else mode
-                scored = score.score_into_file(
-                    records,
-                    references,
-                    out / f"{name}_scored.jsonl",
-                    judge_policy=judge_policy,
-                    coder_policy=coder_policy,
-                    executor=executor,
-                    with_observations=with_obs,
-                    judged=judged,
-                    attribute=attribute_failures,
-                    low_code_match=low_code_match,
-                    low_judge_score=low_judge_score,
-                    batch_size=score_batch_size,
-                    timeout_s=score_timeout_s,
-                )
-                judged = judged or {r["task_id"]: r for r in scored}
-                runs[name] = scored
-    # Requests that failed after their retries (each stopped its run: 0 in a finished run).
-    for name, seat in (("policy", agent), ("judge", judge_policy), ("coder", coder_policy)):
-        if hasattr(getattr(seat, "policy", None), "failures"):
-            failures[name] = len(seat.policy.failures)
+    n_tasks, runs, baselines, failures = _run_modes(
+        options,
+        modes,
+        judge=judge,
+        coder=coder,
+        judge_backend=judge_backend,
+        coder_backend=coder_backend,
+        self_graded=grading["self_graded"],
+        sandbox_workers=sandbox_workers,
+    )
     corrupt = jsonl.corrupt_counts(out)
-
-    seed, n_boot = bootstrap_seed, bootstrap_resamples
     summaries = {name: metrics.summarize(records) for name, records in runs.items()}
-    intervals = {}
-    for name, records in runs.items():
-        matches = [r["code_match"] for r in records if r.get("code_match") is not None]
-        judged_scores = [r["judge_score"] for r in records if r.get("judge_score") is not None]
-        ivs = {"code_match": stats.bootstrap_interval(matches, seed, n_boot)}
-        ivs["judge"] = stats.bootstrap_interval(judged_scores, seed, n_boot)
-        intervals[name] = {k: v for k, v in ivs.items() if v is not None}
-    comparisons, ensembles = {}, {}
-    for (first, second), suffix in itertools.product(PAIRED, ("", "+observations")):
-        a, b = runs.get(first + suffix), runs.get(second + suffix)
-        if a is None or b is None:
-            continue
-        by_a = {r["task_id"]: r for r in a}
-        by_b = {r["task_id"]: r for r in b}
-        pair = {
-            key: stats.paired_comparison(by_a, by_b, key, seed, n_boot)
-            for key in ("code_match", "judge_score")
-        }
-        comparisons[f"{first}{suffix} vs {second}{suffix}"] = {
-            k: v for k, v in pair.items() if v is not None
-        }
-    for suffix in ("", "+observations"):
-        a, b = runs.get("interactive" + suffix), runs.get("in_context" + suffix)
-        if a is None or b is None:
-            continue
-        by_a = {r["task_id"]: r for r in a}
-        by_b = {r["task_id"]: r for r in b}
-        best = stats.max_ensemble(
-            {
-                "interactive": {t: r["code_match"] for t, r in by_a.items()},
-                "in_context": {t: r["code_match"] for t, r in by_b.items() if t in by_a},
-            }
-        )
-        ensembles[f"max(interactive{suffix}, in_context{suffix})"] = {
-            "code_match_mean": sum(best.values()) / len(best),
-            "n": len(best),
-        }
-    gold_summary = metrics.gold_shares(summaries)
+    statistics = stats.summarize_runs(
+        runs,
+        paired=PAIRED,
+        ensembled=ENSEMBLED,
+        seed=bootstrap_seed,
+        resamples=bootstrap_resamples,
+    )
     result = {
         "grading": grading,
         "agent": backends.describe(policy),
         "modes": list(modes),
-        "tasks": len(specs),
+        "tasks": n_tasks,
         "runs": summaries,
-        "intervals": intervals,
-        "comparisons": comparisons,
-        "max_ensemble": ensembles,
-        "gold": gold_summary,
+        **statistics,
+        "gold": metrics.gold_shares(summaries),
         "baselines": baselines,
         "backend_failures": failures,
         "corrupt_records": corrupt,
-        "bootstrap": {"seed": seed, "resamples": n_boot},
+        "bootstrap": {"seed": bootstrap_seed, "resamples": bootstrap_resamples},
         "episode_config": dataclasses.asdict(episode_config),
         "seconds": round(time.perf_counter() - t0, 2),
     }
-    (out / "metrics.json").write_text(json.dumps(result, indent=2) + "\n")
-    notes = [f"{len(specs)} tasks; call budget {episode_config.call_budget}"]
-    notes += [f"judge: {grading['judge']}; coder: {grading['coder']}"]
-    notes += [f"{k}: code match mean {v['code_match_mean']:.3f}" for k, v in ensembles.items()]
-    if "gold" in runs and not gold_summary:
-        notes += ["gold: no task has a gold description to write code from"]
-    if gold_summary:
-        shares = ", ".join(
-            f"{name} {share:.0%}" for name, share in gold_summary["share_of_gold"].items()
-        )
-        notes += [
-            f"gold (code from the gold description and the shown examples; the upper bound of "
-            f"code match with this coder): {gold_summary['code_match_mean']:.3f}"
-            + (f"; each run's code match as a share of it: {shares}" if shares else "")
-        ]
-    notes += [f"{seat} backend: {n} failed requests" for seat, n in failures.items() if n]
-    notes += [
-        f"{name}: {n} corrupt line{'s' if n != 1 else ''} moved to {name}{jsonl.SIDECAR_SUFFIX} "
-        "(their items were run again)"
-        for name, n in corrupt.items()
-    ]
-    path = report.write_report(
-        out,
-        runs,
-        title=title,
-        notes=notes,
-        intervals=intervals,
-        comparisons=comparisons,
-        banner=SELF_GRADED_BANNER if grading["self_graded"] else "",
-    )
-    for name, s in summaries.items():
-        j, c = s["judge"], s["code_match"]
-        judge_text = f"{j['mean']:.2f}" if j["mean"] is not None else "n/a"
-        code_text = f"{c['mean']:.3f}" if c["mean"] is not None else "n/a"
-        print(
-            f"[eval] {name}: episodes={s['episodes']} code_match={code_text} "
-            f"judge={judge_text} (unparsed {j['unparsed']}) calls={s['calls']['mean']:.1f}",
-            flush=True,
-        )
-    print(f"[eval] metrics: {out / 'metrics.json'}; report: {path}", flush=True)
+    _write_outputs(out, runs, result, title=title, episode_config=episode_config)
     return result

@@ -145,3 +145,72 @@ def paired_comparison(a: dict, b: dict, key: str, seed: int, resamples: int) -> 
     out["p_value"] = paired_permutation_test(x, y, n_permutations=resamples, seed=seed)
     out["n"] = len(common)
     return out
+
+
+def compare_runs(
+    a: Sequence[dict],
+    b: Sequence[dict],
+    *,
+    seed: int,
+    resamples: int,
+    keys: Sequence[str] = ("code_match", "judge_score"),
+) -> dict:
+    """`paired_comparison` of mean(a - b) for each key over two runs' records (matched by
+    `task_id`); a key no task has in both runs is left out."""
+    by_a = {r["task_id"]: r for r in a}
+    by_b = {r["task_id"]: r for r in b}
+    pair = {key: paired_comparison(by_a, by_b, key, seed, resamples) for key in keys}
+    return {k: v for k, v in pair.items() if v is not None}
+
+
+def summarize_runs(
+    runs: Mapping[str, Sequence[dict]],
+    *,
+    paired: Sequence[tuple[str, str]],
+    ensembled: Sequence[tuple[str, str]],
+    seed: int,
+    resamples: int,
+    suffixes: Sequence[str] = ("", "+observations"),
+) -> dict:
+    """The statistics of a set of scored runs, as written to metrics.json.
+
+    Args:
+      runs: run name -> scored records (`task_id`, `code_match`, `judge_score`).
+      paired: (a, b) run names compared when both are present: mean(a - b), per suffix.
+      ensembled: (a, b) run names whose per-task best code match is reported, per suffix
+        (every task of b must be scored in a, as for `max_ensemble`).
+      seed, resamples: the bootstrap and permutation settings.
+      suffixes: run-name suffixes of the coder variants each pair is taken for.
+
+    Returns:
+      {"intervals": run -> {"code_match", "judge"} bootstrap intervals of the mean,
+       "comparisons": "a vs b" -> `compare_runs`,
+       "max_ensemble": "max(a, b)" -> {"code_match_mean", "n"}}.
+    """
+    intervals = {}
+    for name, records in runs.items():
+        matches = [r["code_match"] for r in records if r.get("code_match") is not None]
+        judged = [r["judge_score"] for r in records if r.get("judge_score") is not None]
+        ivs = {"code_match": bootstrap_interval(matches, seed, resamples)}
+        ivs["judge"] = bootstrap_interval(judged, seed, resamples)
+        intervals[name] = {k: v for k, v in ivs.items() if v is not None}
+    comparisons = {}
+    for (first, second), suffix in itertools.product(paired, suffixes):
+        a, b = runs.get(first + suffix), runs.get(second + suffix)
+        if a is not None and b is not None:
+            comparisons[f"{first}{suffix} vs {second}{suffix}"] = compare_runs(
+                a, b, seed=seed, resamples=resamples
+            )
+    ensembles = {}
+    for (first, second), suffix in itertools.product(ensembled, suffixes):
+        a, b = runs.get(first + suffix), runs.get(second + suffix)
+        if a is None or b is None:
+            continue
+        by_a = {r["task_id"]: r["code_match"] for r in a}
+        by_b = {r["task_id"]: r["code_match"] for r in b}
+        best = max_ensemble({first: by_a, second: {t: m for t, m in by_b.items() if t in by_a}})
+        ensembles[f"max({first}{suffix}, {second}{suffix})"] = {
+            "code_match_mean": sum(best.values()) / len(best),
+            "n": len(best),
+        }
+    return {"intervals": intervals, "comparisons": comparisons, "max_ensemble": ensembles}

@@ -44,6 +44,8 @@ class GRPOConfig:
       beta: weight of the k3 KL to the reference (base) model; 0 skips the
         reference forward pass entirely.
       temperature: the rollout temperature; log-probs are log_softmax(logits / T).
+        Set by the run (``rl.loop.train``) from the actor's sampling temperature;
+        gin refuses a binding of it (``experiment.RUN_SET_FIELDS``).
       aggregation: one of ``AGGREGATIONS``.
       max_length: the constant of ``sequence-mean-token-sum-norm`` (completion
         token budget); required by that mode only.

@@ -286,12 +286,7 @@ def train(
                 }
                 r.checkpointer.save(step, state, extra=extra)
         summary = {"mode": "grpo", "steps": step, "data_position": position}
-        summary.update(
-            teacher=None,
-            self_distillation=False,
-            credit=credit.describe(advantage_fn),
-            last_metrics=last,
-        )
+        summary.update(credit=credit.describe(advantage_fn), last_metrics=last)
         return r.finish(summary)
 
 

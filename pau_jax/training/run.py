@@ -168,5 +168,33 @@ class Run:
         return False
 
 
-# The name the run modes use: ``with open_run(run_dir, actor, seed=...) as r: ...``.
-open_run = Run
+def open_run(
+    run_dir: str,
+    actor: ActorConfig,
+    *,
+    seed: int = 0,
+    mesh_config: parallel.MeshConfig | None = None,
+    max_checkpoints: int | None = 3,
+    tag: str = "train",
+) -> Run:
+    """Opens a training run (``with open_run(run_dir, actor, seed=...) as r: ...``).
+
+    Args:
+      run_dir: the run directory (created; an existing one is resumed).
+      actor: the trained model and its adapters.
+      seed: the seed of a random base model and of the adapters' initialisation.
+      mesh_config: a device mesh; None runs on the default device.
+      max_checkpoints: checkpoints kept; None keeps all.
+      tag: the run mode's label in progress lines and in the random base model.
+
+    Returns:
+      The open ``Run``; it is its own context manager.
+    """
+    return Run(
+        run_dir,
+        actor,
+        seed=seed,
+        mesh_config=mesh_config,
+        max_checkpoints=max_checkpoints,
+        tag=tag,
+    )

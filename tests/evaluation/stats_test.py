@@ -86,3 +86,28 @@ def test_max_ensemble():
     assert stats.max_ensemble(runs) == {"t1": 3, "t2": 5}
     with pytest.raises(ValueError, match="different items"):
         stats.max_ensemble({"x": {"t1": 1}, "y": {"t2": 1}})
+
+
+def test_summarize_runs_intervals_pairs_and_ensemble():
+    def run(matches, judged):
+        return [
+            {"task_id": f"t{i}", "code_match": m, "judge_score": j}
+            for i, (m, j) in enumerate(zip(matches, judged, strict=True))
+        ]
+
+    runs = {
+        "a": run([1.0, 0.0, 0.5], [5, 1, None]),
+        "b": run([0.0, 1.0, 0.5], [3, 3, 3]),
+        "a+observations": run([1.0, 1.0, 1.0], [None, None, None]),
+    }
+    out = stats.summarize_runs(
+        runs, paired=[("a", "b")], ensembled=[("a", "b")], seed=0, resamples=200
+    )
+    assert set(out) == {"intervals", "comparisons", "max_ensemble"}
+    assert set(out["intervals"]["a+observations"]) == {"code_match"}  # no judge scores
+    assert out["intervals"]["b"]["judge"]["estimate"] == pytest.approx(3.0)
+    assert list(out["comparisons"]) == ["a vs b"]  # b+observations is missing
+    pair = out["comparisons"]["a vs b"]
+    assert pair["code_match"]["n"] == 3 and pair["judge_score"]["n"] == 2
+    assert pair["judge_score"]["estimate"] == pytest.approx(0.0)
+    assert out["max_ensemble"] == {"max(a, b)": {"code_match_mean": pytest.approx(2.5 / 3), "n": 3}}
