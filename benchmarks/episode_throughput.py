@@ -15,6 +15,13 @@ reply's tokens) are identical.
     python benchmarks/episode_throughput.py                      # tiny random Qwen3, budget 25
     python benchmarks/episode_throughput.py --checkpoint ~/.cache/pau_jax/smollm2-135m-instruct \\
         --tasks 4 --budget 6 --max_new_tokens 200 [--reuse_only]
+    python benchmarks/episode_throughput.py --checkpoint smollm2 --tasks 4 --budget 6 \\
+        --max_new_tokens 200 --warmup 0 --structured end_at_answer     # early stop vs off
+
+With `--structured MODE` the two timed runs are structured decoding off and MODE (both
+reusing prefixes); the last line is then `wall_off=... wall_MODE=... replies_cut=...
+prefix_identical=0|1 speedup=...` (prefix_identical: every reply of the MODE run is a
+prefix of the off run's, as 'end_at_answer' promises).
 
 `--checkpoint smollm2` means the converted SmolLM2-135M-Instruct cache of
 `python -m pau_jax.tools.fetch_smollm2` (it must exist; nothing is downloaded here).
@@ -25,6 +32,7 @@ run's XLA compile time, which a persistent compilation cache removes on a repeat
 
 import argparse
 import collections
+import dataclasses
 import os
 import pathlib
 import sys
@@ -82,8 +90,12 @@ class _TimedPolicy:
         self.policy = policy
         self.totals = collections.Counter()
 
-    def __call__(self, conversations):
-        out = self.policy.complete(conversations)
+    @property
+    def takes_answers(self) -> bool:
+        return self.policy.takes_answers
+
+    def __call__(self, conversations, answers=None):
+        out = self.policy.complete(conversations, answers=answers)
         stats = self.policy.last_stats
         for key in ("prefill_seconds", "decode_seconds", "prefill_tokens", "reused_tokens"):
             self.totals[key] += stats.get(key, 0.0)
@@ -154,6 +166,38 @@ def _run(name, specs, model, tokenizer, sampling, config, executor, cache):
     return len(finished) / wall * 3600, len(finished) / (wall - compile_s) * 3600, replies
 
 
+def _compare_structured(mode, specs, model, tokenizer, sampling, config, executor) -> None:
+    """Times the episodes with structured decoding off, then on; prints the headline line.
+
+    With 'end_at_answer' the greedy tokens are the unconstrained ones cut at each answer's
+    end, so every reply of the structured run must be a prefix of the same reply of the off
+    run (and the episodes the same); `prefix_identical` checks it.
+    """
+    structured = dataclasses.replace(sampling, structured=mode)
+    off_rate, _, off_replies = _run(
+        "off", specs, model, tokenizer, sampling, config, executor, PrefixCache()
+    )
+    on_rate, _, on_replies = _run(
+        mode, specs, model, tokenizer, structured, config, executor, PrefixCache()
+    )
+    prefix_identical = off_replies.keys() == on_replies.keys() and all(
+        len(off_replies[k]) == len(on_replies[k])
+        and all(o[: len(n)] == n for o, n in zip(off_replies[k], on_replies[k], strict=True))
+        for k in off_replies
+    )
+    cut = sum(
+        len(n) < len(o)
+        for k in off_replies
+        for o, n in zip(off_replies[k], on_replies.get(k, ()), strict=False)
+    )
+    print(f"load_average_end={','.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    print(
+        f"wall_off={3600 * len(specs) / off_rate:.1f} wall_{mode}={3600 * len(specs) / on_rate:.1f} "
+        f"replies_cut={cut} prefix_identical={int(prefix_identical)} "
+        f"speedup={on_rate / off_rate:.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -168,6 +212,13 @@ def main() -> None:
         type=int,
         default=1,
         help="untimed tasks run first both ways, so most programs are compiled before timing",
+    )
+    parser.add_argument(
+        "--structured",
+        choices=("end_at_answer", "constrain_inputs"),
+        default=None,
+        help="instead of reuse vs full: the recipe with SamplingConfig.structured=MODE vs 'off' "
+        "(both with prefix reuse)",
     )
     parser.add_argument(
         "--reuse_only",
@@ -206,6 +257,11 @@ def main() -> None:
                     policy = LocalPolicy(model, tokenizer, sampling, prefix_cache=cache)
                     runner.run_episode_states(warm, policy, executor, config, progress=False)
                 print(f"warm-up done ({args.warmup} task(s) both ways)", flush=True)
+            if args.structured:
+                _compare_structured(
+                    args.structured, specs, model, tokenizer, sampling, config, executor
+                )
+                return
             reuse_rate, reuse_warm, reuse_replies = _run(
                 "reuse", specs, model, tokenizer, sampling, config, executor, PrefixCache()
             )

@@ -202,29 +202,29 @@ def _profile_decode(model, prompts, new_tokens: int, trace_dir: str) -> None:
     """
     captured, original = [], sampler._decode
 
-    def spy(graphdef, state, carry, *settings, **kwargs):
+    def spy(graphdef, state, carry, settings):
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), carry)
-        captured.append((graphdef, state, shapes, settings, kwargs))
-        return original(graphdef, state, carry, *settings, **kwargs)
+        captured.append((graphdef, state, shapes, settings))
+        return original(graphdef, state, carry, settings)
 
     sampler._decode = spy
     try:
         generate(model, prompts, max_new_tokens=new_tokens)
     finally:
         sampler._decode = original
-    graphdef, state, shapes, settings, kwargs = captured[-1]
-    compiled = original.lower(graphdef, state, shapes, *settings, **kwargs).compile()
+    graphdef, state, shapes, settings = captured[-1]
+    compiled = original.lower(graphdef, state, shapes, settings).compile()
     names = _hlo_ops(compiled.as_text())
-    width, max_new = int(settings[0]), int(settings[6])
+    width, max_new = int(settings.width), int(settings.max_new_tokens)
     steps = min(max_new, shapes["cache"].max_len - width)
 
     def zero_carry():
         return jax.block_until_ready(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes))
 
-    jax.block_until_ready(compiled(state, zero_carry(), *settings))
+    jax.block_until_ready(compiled(state, zero_carry(), settings))
     carry = zero_carry()
     jax.profiler.start_trace(trace_dir)
-    seconds, _ = _timed(lambda: jax.block_until_ready(compiled(state, carry, *settings)))
+    seconds, _ = _timed(lambda: jax.block_until_ready(compiled(state, carry, settings)))
     jax.profiler.stop_trace()
     files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
     data = jax.profiler.ProfileData.from_file(sorted(files)[-1])

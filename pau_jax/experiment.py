@@ -426,6 +426,7 @@ def _summary(model, before, after, trained, comparisons, history, modes) -> dict
     return {
         "model": model.text,
         "self_graded": bool(before["grading"]["self_graded"]),
+        "structured_decoding": before.get("structured_decoding", "off"),
         "tasks": before["tasks"],
         "before": _headline(before, modes),
         "after": _headline(after, modes),

@@ -2,14 +2,11 @@
 
 import random
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
 
 from pau_jax.data import argtypes, mutations, split
 from pau_jax.data.execution import Outcome, encode_or_none, run_many
 from pau_jax.data.measure import CodeCoverage
-
-if TYPE_CHECKING:
-    from pau_jax.data.pipeline import PipelineConfig
+from pau_jax.data.pipeline_config import PipelineConfig
 
 
 def observation(
@@ -22,7 +19,7 @@ def observation(
     )
 
 
-def is_valid(outcome: Outcome, config: "PipelineConfig") -> bool:
+def is_valid(outcome: Outcome, config: PipelineConfig) -> bool:
     """A call whose input can be kept: it returned an encodable value, small and fast."""
     return (
         outcome.ok
@@ -38,7 +35,7 @@ def search(
     measured: CodeCoverage,
     executor,
     rng: random.Random,
-    config: "PipelineConfig",
+    config: PipelineConfig,
     excluded_keys: Collection[str],
     budget: int | None = None,
 ) -> tuple[list[split.Observation], int]:

@@ -283,6 +283,30 @@ _BUILDERS = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class AnswerShape:
+    """What the current phase's reply must hold, for a policy's structured decoding.
+
+    kind: 'input' (a fenced literal tuple of `arity` values, as `prompts.generate_messages`
+    asks) or 'decision' (a revision: hypothesis, then a `Decision:` label).
+    """
+
+    kind: str
+    arity: int = 0
+
+
+def answer_shape(state: EpisodeState) -> AnswerShape | None:
+    """The shape of the current phase's answer; None where nothing is asked of its form.
+
+    An input phase of a function whose arity is unknown (`n_params` None) has none.
+    """
+    if state.phase is Phase.GENERATE and state.task.n_params is not None:
+        return AnswerShape("input", int(state.task.n_params))
+    if state.phase is Phase.REVISE:
+        return AnswerShape("decision")
+    return None
+
+
 def messages(state: EpisodeState, config: EpisodeConfig) -> list[dict]:
     """Chat messages for the current phase."""
     if state.phase is Phase.DONE:

@@ -179,7 +179,10 @@ def run_episode_states(
     Args:
       specs: the episodes to run (episode ids must be unique).
       policy: `policy(conversations) -> replies`, each reply a text or an object
-        with a `.text` (see `pau_jax.policy.Policy`).
+        with a `.text` (see `pau_jax.policy.Policy`). A policy whose `takes_answers` is
+        true is called `policy(conversations, answers=...)` with each episode's
+        `episode.answer_shape` (structured decoding); so is a bound method of such a
+        policy (`LocalPolicy.complete`).
       executor: a `pau_jax.sandbox.Executor` (thread-safe `call`).
       config: the protocol constants.
       out_path: JSONL file; episodes already in it are skipped, new ones appended.
@@ -191,6 +194,8 @@ def run_episode_states(
       What the policy raises (e.g. `http.EndpointError`), after the episodes
       finished so far were written to `out_path`.
     """
+    # A policy, or a bound method such as `LocalPolicy.complete`, of one that takes answers.
+    takes_answers = getattr(getattr(policy, "__self__", policy), "takes_answers", False)
     ids = [s.episode_id for s in specs]
     if len(set(ids)) != len(ids):
         raise ValueError("episode ids passed to run_episodes must be unique")
@@ -211,7 +216,12 @@ def run_episode_states(
     try:
         while active:
             order = list(active)
-            outputs = policy([episode.messages(active[e], config) for e in order])
+            conversations = [episode.messages(active[e], config) for e in order]
+            if takes_answers:  # structured decoding
+                answers = [episode.answer_shape(active[e]) for e in order]
+                outputs = policy(conversations, answers=answers)
+            else:
+                outputs = policy(conversations)
             calls = {}
             for eid, reply in zip(order, outputs, strict=True):
                 state, text = active[eid], _text(reply)

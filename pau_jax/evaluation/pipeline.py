@@ -166,6 +166,12 @@ def _notes(result: dict, runs: dict, episode_config: EpisodeConfig) -> list[str]
     grading, gold_summary = result["grading"], result["gold"]
     notes = [f"{result['tasks']} tasks; call budget {episode_config.call_budget}"]
     notes += [f"judge: {grading['judge']}; coder: {grading['coder']}"]
+    if result.get("structured_decoding", "off") != "off":
+        notes += [
+            f"agent structured decoding: {result['structured_decoding']} (not the paper's "
+            "setting: replies are shaped or cut by the sampler, so format errors are not "
+            "counted as the paper counts them)"
+        ]
     notes += [
         f"{k}: code match mean {v['code_match_mean']:.3f}"
         for k, v in result["max_ensemble"].items()
@@ -328,6 +334,7 @@ def evaluate(
     result = {
         "grading": grading,
         "agent": backends.describe(policy),
+        "structured_decoding": backends.structured_decoding(policy),
         "modes": list(modes),
         "tasks": n_tasks,
         "runs": summaries,

@@ -157,10 +157,10 @@ class Decoder(nnx.Module):
         tokens up to itself that are real.
 
         With ``overlay``, the T slots may already hold cached tokens where the new tokens
-        are padding: a left-padded block of new tokens laid over the end of a cached
-        prefix, so that every row's sequence ends at the same slot. Only real new tokens
-        are written (the other slots keep their keys, values and mask), and the new tokens
-        attend to every cached slot whose mask is True, inside the block too.
+        are padding (the sampler's prefix reuse; ``sampling.batching.BatchLayout`` states
+        its slot layout). Only real new tokens are written (the other slots keep their
+        keys, values and mask), and the new tokens attend to every cached slot whose mask
+        is True, inside the block too.
 
         Args:
           input_ids: [B, T] int32 new tokens.

@@ -308,8 +308,8 @@ class Attention(nnx.Module):
           cache_mask: [B, S] bool, the cached slots the new tokens attend to (all of them
             precede the new tokens); None attends to no cached slot (an empty cache).
           write_mask: [B, T] bool, which new tokens are written into their slots; the
-            others keep what the cache holds there (a left-padded block laid over the end
-            of cached tokens). None writes all T.
+            others keep what the cache holds there (``Decoder.decode(overlay=True)``).
+            None writes all T.
 
         Returns:
           ([B, T, D] output, updated (keys, values) or None).

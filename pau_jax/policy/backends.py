@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from pau_jax.policy import Policy, embeddings, scripted
-from pau_jax.policy.config import SamplingConfig
+from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig, check_prefix_cache_gib
 from pau_jax.policy.http import EndpointError, HTTPConfig, HTTPPolicy
 
 # A seat given as this string: for a judge or coder, the agent's own backend; for the AAC
@@ -77,7 +77,8 @@ class LocalBackendConfig:
       tokenizer: tokenizer path or 'qwen3-offline'; default: the checkpoint's own.
       prefix_cache_gib: memory for the keys and values of earlier prompts and replies, so
         that each phase of an episode prefills only what was appended to its conversation
-        (`pau_jax.sampling.prefix_cache`); 0 prefills every prompt whole.
+        (`pau_jax.sampling.prefix_cache`; default `config.DEFAULT_PREFIX_CACHE_GIB`); 0
+        prefills every prompt whole.
     """
 
     checkpoint_dir: str
@@ -85,16 +86,14 @@ class LocalBackendConfig:
     adapter_dir: str | None = None
     dtype: str = "float32"
     tokenizer: str | None = None
-    prefix_cache_gib: float = 2.0
+    prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB
 
     def __post_init__(self):
-        if not self.prefix_cache_gib >= 0:
-            raise ValueError(f"prefix_cache_gib must be >= 0, got {self.prefix_cache_gib}")
+        check_prefix_cache_gib("LocalBackendConfig", self.prefix_cache_gib)
 
     def build(self, backends: Backends) -> Policy:
         """A `LocalPolicy` on the checkpoint (loaded here unless `backends` holds it already)."""
         from pau_jax.policy.local import LocalPolicy
-        from pau_jax.sampling.prefix_cache import PrefixCache
 
         if not self.checkpoint_dir:
             raise ValueError(
@@ -104,9 +103,7 @@ class LocalBackendConfig:
         path = pathlib.Path(self.checkpoint_dir).expanduser()
         key = (str(path), self.adapter_dir, self.dtype, self.tokenizer)
         model, tokenizer = backends.shared(key, lambda: self._load(path))
-        cache = None
-        if self.prefix_cache_gib > 0:
-            cache = PrefixCache(max_bytes=int(self.prefix_cache_gib * 2**30))
+        cache = prefix_cache(self.prefix_cache_gib)
         return LocalPolicy(model, tokenizer, self.sampling, prefix_cache=cache)
 
     def _load(self, path: pathlib.Path):
@@ -175,6 +172,19 @@ class ScriptedJudgeBackendConfig:
         return scripted.OverlapJudge()
 
 
+def prefix_cache(gib: float = DEFAULT_PREFIX_CACHE_GIB):
+    """A `sampling.prefix_cache.PrefixCache` of `gib` GiB for a `LocalPolicy`; None for 0 (no cache).
+
+    Every local sampler that the seats and the training runs build sizes its cache here.
+    """
+    check_prefix_cache_gib("prefix_cache", gib)
+    if gib == 0:
+        return None
+    from pau_jax.sampling.prefix_cache import PrefixCache
+
+    return PrefixCache(max_bytes=int(gib * 2**30))
+
+
 def build_policy(backend: Backend, specs: Sequence = ()) -> Policy:
     """The policy of one backend config, for episodes `specs` (the oracle reads their sources)."""
     return Backends(specs).build(backend)
@@ -195,6 +205,11 @@ def same_model(seat, policy) -> bool:
     if isinstance(seat, HTTPBackendConfig) and isinstance(policy, HTTPBackendConfig):
         return (seat.http.base_url, seat.http.model) == (policy.http.base_url, policy.http.model)
     return seat == policy
+
+
+def structured_decoding(backend) -> str:
+    """The backend's `SamplingConfig.structured` ('off' for backends without one)."""
+    return getattr(getattr(backend, "sampling", None), "structured", "off")
 
 
 def describe(backend) -> str:
@@ -239,9 +254,13 @@ class Seat:
         if hasattr(policy, "complete"):
             self.complete = self._complete
 
-    def __call__(self, conversations):
+    @property
+    def takes_answers(self) -> bool:
+        return bool(getattr(self.policy, "takes_answers", False))
+
+    def __call__(self, conversations, **kwargs):
         try:
-            return self.policy(conversations)
+            return self.policy(conversations, **kwargs)
         except EndpointError as e:
             raise e.for_seat(self.name) from None
 

@@ -1,7 +1,27 @@
-"""Sampling settings of a policy's replies (`SamplingConfig`); importing this module does not import JAX."""
+"""Sampling settings of a policy's replies (`SamplingConfig`) and the prefix cache's default budget.
+
+Importing this module does not import JAX.
+"""
 
 import dataclasses
 import math
+
+# GiB for the keys and values of earlier prompts and replies of a local sampler
+# (`pau_jax.sampling.prefix_cache`): the default of every setting that sizes one
+# (`backends.LocalBackendConfig`, `rl.rollout.RolloutConfig`, `rl.critic.CriticConfig`,
+# `training.run.Run.base_policy`); `backends.prefix_cache(gib)` builds it, 0 turns it off.
+DEFAULT_PREFIX_CACHE_GIB = 2.0
+
+# `SamplingConfig.structured`: structured decoding of the agent's replies (off: the paper).
+STRUCTURED = ("off", "end_at_answer", "constrain_inputs")
+
+
+def check_prefix_cache_gib(owner: str, gib: float) -> None:
+    """Raises a one-line ValueError unless ``gib`` (``<owner>.prefix_cache_gib``) is >= 0."""
+    if not gib >= 0:
+        raise ValueError(
+            f"{owner}.prefix_cache_gib must be >= 0 GiB (0 turns the prefix cache off), got {gib}"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -22,6 +42,14 @@ class SamplingConfig:
         their maximum prompt length (the episode runner ends such episodes).
       seed: base seed; call n of a policy uses seed + n, so a run is reproducible.
       enable_thinking: passed to the chat template (Qwen3's thinking switch).
+      structured: structured decoding, for the phases the episode runner names
+        (`env.episode.answer_shape`); a local policy only. 'off' (default, the paper:
+        format errors are counted); 'end_at_answer': a revision reply ends with the
+        token that completes its first `Decision: CONTINUE|STOP` label (the parser reads
+        the same decision unless a reply holds several); 'constrain_inputs': that, and
+        an input reply is masked, token by token, to a fenced Python literal tuple of
+        the function's arity (`sampling.input_grammar`), ending with its closing fence.
+        Not with `enable_thinking`.
     """
 
     max_new_tokens: int = 512
@@ -32,8 +60,16 @@ class SamplingConfig:
     max_prompt_tokens: int | None = None
     seed: int = 0
     enable_thinking: bool = False
+    structured: str = "off"
 
     def __post_init__(self):
+        if self.structured not in STRUCTURED:
+            raise ValueError(f"structured must be one of {STRUCTURED}, got {self.structured!r}")
+        if self.structured != "off" and self.enable_thinking:
+            raise ValueError(
+                "structured decoding does not read thinking: set structured='off' or "
+                "enable_thinking=False"
+            )
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             raise ValueError(
                 f"repetition_penalty must be finite and > 0 (1.0 means none), "

@@ -65,6 +65,13 @@ class LocalEmbeddingConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"LocalEmbeddingConfig.{name} must be >= 1")
 
+    def build(self) -> "LocalEmbedder":
+        """The embedder of this checkpoint (loaded here; see `build_embedder`)."""
+        return _local_embedder(self)
+
+    def describe(self) -> str:
+        return f"checkpoint {self.checkpoint_dir} (max {self.max_length} tokens)"
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HTTPEmbeddingConfig:
@@ -88,6 +95,13 @@ class HTTPEmbeddingConfig:
     timeout_s: float = 120.0
     max_retries: int = 4
     backoff_s: float = 1.0
+
+    def build(self) -> "HTTPEmbedder":
+        """The client of this endpoint."""
+        return HTTPEmbedder(self)
+
+    def describe(self) -> str:
+        return f"endpoint {self.base_url or '$PAU_OPENAI_EMBEDDING_BASE_URL'} model {self.model}"
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
@@ -289,18 +303,16 @@ def _local_embedder(config: LocalEmbeddingConfig) -> LocalEmbedder:
 
 
 def build_embedder(config: LocalEmbeddingConfig | HTTPEmbeddingConfig) -> Embedder:
-    """The embedder of a config (a local checkpoint is loaded here).
+    """The embedder of a config, ``config.build()`` (a local checkpoint is loaded here).
 
     Raises:
       ValueError: no checkpoint_dir, or its config.json has an unsupported `model_type`.
     """
-    if isinstance(config, HTTPEmbeddingConfig):
-        return HTTPEmbedder(config)
-    if isinstance(config, LocalEmbeddingConfig):
-        return _local_embedder(config)
-    raise TypeError(
-        f"embedder must be a LocalEmbeddingConfig or an HTTPEmbeddingConfig, got {config!r}"
-    )
+    if not callable(getattr(config, "build", None)):
+        raise TypeError(
+            f"embedder must be a LocalEmbeddingConfig or an HTTPEmbeddingConfig, got {config!r}"
+        )
+    return config.build()
 
 
 class LazyEmbedder:
@@ -318,10 +330,6 @@ class LazyEmbedder:
 
 def describe(config) -> str:
     """A one-line description of an embedder config (for metrics.json and caches)."""
-    if isinstance(config, LocalEmbeddingConfig):
-        return f"checkpoint {config.checkpoint_dir} (max {config.max_length} tokens)"
-    if isinstance(config, HTTPEmbeddingConfig):
-        return (
-            f"endpoint {config.base_url or '$PAU_OPENAI_EMBEDDING_BASE_URL'} model {config.model}"
-        )
+    if callable(getattr(config, "describe", None)):
+        return config.describe()
     return type(config).__name__

@@ -100,6 +100,8 @@ class HTTPConfig:
       repetition_penalty: None to send none; else sent as "repetition_penalty" (Hugging
         Face semantics; an extra sampling parameter that vLLM, SGLang and pau_jax's
         `PolicyServer` accept, not part of the OpenAI API).
+      stop: strings that end a reply, sent as "stop" when not empty (the OpenAI API's: the
+        reply ends before the first one and leaves it out; `PolicyServer` honours it).
       max_concurrency: requests in flight at once.
       timeout_s: per-request timeout.
       max_retries: retries after the first attempt.
@@ -114,6 +116,7 @@ class HTTPConfig:
     top_p: float = 1.0
     seed: int | None = 0
     repetition_penalty: float | None = None
+    stop: tuple[str, ...] = ()
     max_concurrency: int = 8
     timeout_s: float = 120.0
     max_retries: int = 4
@@ -123,6 +126,8 @@ class HTTPConfig:
         penalty = self.repetition_penalty
         if penalty is not None and not (math.isfinite(penalty) and penalty > 0):
             raise ValueError(f"repetition_penalty must be None or finite and > 0, got {penalty}")
+        if isinstance(self.stop, str) or not all(isinstance(x, str) and x for x in self.stop):
+            raise ValueError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
 
 
 def env(*names: str) -> str | None:
@@ -216,6 +221,8 @@ class HTTPPolicy:
             payload["seed"] = c.seed
         if c.repetition_penalty is not None:
             payload["repetition_penalty"] = c.repetition_penalty
+        if c.stop:
+            payload["stop"] = list(c.stop)
         if stop.is_set():
             raise _Stopped
 

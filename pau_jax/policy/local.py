@@ -5,8 +5,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pau_jax.policy.config import SamplingConfig
-from pau_jax.sampling import generate
+from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig
+from pau_jax.sampling import constraint, generate
 from pau_jax.sampling.prefix_cache import PrefixCache
 
 
@@ -70,7 +70,9 @@ class LocalPolicy:
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling
-        self.prefix_cache = PrefixCache() if prefix_cache == "default" else prefix_cache
+        if prefix_cache == "default":
+            prefix_cache = PrefixCache(max_bytes=int(DEFAULT_PREFIX_CACHE_GIB * 2**30))
+        self.prefix_cache = prefix_cache
         self._calls = 0
         self.last_stats: dict[str, float] = {}
         stop = {tokenizer.eos_token_id}
@@ -79,6 +81,43 @@ class LocalPolicy:
             if token in vocab:
                 stop.add(int(vocab[token]))
         self.stop_token_ids = tuple(sorted(t for t in stop if t is not None))
+        self._vocab: list[bytes | None] | None = None  # token bytes, for structured decoding
+
+    @property
+    def takes_answers(self) -> bool:
+        """Whether the episode runner should pass each reply's answer shape (structured decoding)."""
+        return self.sampling.structured != "off"
+
+    def _automaton(self, answers, stops, keep, structured: str):
+        """(automaton, per-row starts) for the kept rows, or (None, None) when no row needs one.
+
+        A row follows the input grammar of its arity ('constrain_inputs', an input shape),
+        the revision detector ('end_at_answer' or 'constrain_inputs', a decision shape; with
+        the row's stop strings too), or a stop-string detector (stop strings alone).
+        """
+        components = {}
+        for i in keep:
+            shape = answers[i] if answers is not None and structured != "off" else None
+            row_stop = tuple(stops[i]) if stops is not None else ()
+            if shape is not None and shape.kind == "input" and structured == "constrain_inputs":
+                components[i] = constraint.Component("input", arity=shape.arity, wrapper="fence")
+            elif shape is not None and shape.kind == "decision":
+                components[i] = constraint.Component("decision", stop=row_stop)
+            elif row_stop:
+                components[i] = constraint.Component("stop", stop=row_stop)
+        if not components:
+            return None, None
+        if self._vocab is None:
+            self._vocab = constraint.vocabulary(self.tokenizer)
+        distinct = sorted(set(components.values()), key=repr)
+        automaton = constraint.build_components(
+            self._vocab, self.stop_token_ids, distinct, vocab_size=self.model.config.vocab_size
+        )
+        starts = [
+            automaton.starts[distinct.index(components[i])] if i in components else automaton.free
+            for i in keep
+        ]
+        return automaton, starts
 
     def encode(self, conversation: Sequence[dict]) -> list[int]:
         """Token ids of the prompt for one conversation (generation prompt appended)."""
@@ -98,6 +137,8 @@ class LocalPolicy:
         sampling: SamplingConfig | None = None,
         *,
         repetition_penalties: Sequence[float] | None = None,
+        answers: Sequence | None = None,
+        stop: Sequence[Sequence[str]] | None = None,
     ) -> list[Completion]:
         """Replies with their tokens and log-probs, under `sampling` (default: the policy's own).
 
@@ -111,6 +152,11 @@ class LocalPolicy:
           sampling: settings of this call.
           repetition_penalties: one penalty per conversation, replacing
             `sampling.repetition_penalty` (rows of one batch may differ).
+          answers: one `env.episode.AnswerShape` (or None) per conversation: what its
+            reply must hold, used when `sampling.structured` is not 'off'.
+          stop: per conversation, strings that end its reply (OpenAI/vLLM `stop`): the
+            sampler ends the row with the token that completes the first one, and the text
+            is cut before it (finish reason 'stop'; `token_ids` keep that last token).
 
         Returns:
           One `Completion` per conversation, in order.
@@ -125,6 +171,11 @@ class LocalPolicy:
                 f"repetition_penalties has {len(repetition_penalties)} values for "
                 f"{len(conversations)} conversations; pass one per conversation"
             )
+        for name, per_row in (("answers", answers), ("stop", stop)):
+            if per_row is not None and len(per_row) != len(conversations):
+                raise ValueError(
+                    f"{name} has {len(per_row)} entries for {len(conversations)} conversations"
+                )
         prompts = [self.encode(c) for c in conversations]
         limit = s.max_prompt_tokens
         keep = [i for i, p in enumerate(prompts) if limit is None or len(p) <= limit]
@@ -151,6 +202,7 @@ class LocalPolicy:
         }
         if not keep:
             return completions
+        automaton, starts = self._automaton(answers, stop, keep, s.structured)
         out = generate(
             self.model,
             [prompts[i] for i in keep],
@@ -162,6 +214,8 @@ class LocalPolicy:
             stop_token_ids=self.stop_token_ids,
             seed=seed,
             prefix_cache=self.prefix_cache,
+            automaton=automaton,
+            automaton_starts=starts,
         )
         self.last_stats.update(
             prefill_tokens=float(out.prefill_tokens),
@@ -173,8 +227,12 @@ class LocalPolicy:
         for i, ids, logprobs, reason in zip(
             keep, out.tokens, out.plain_logprobs, out.finish_reasons, strict=True
         ):
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            cut = [text.find(x) for x in (stop[i] if stop is not None else ())]
+            if any(at >= 0 for at in cut):
+                text, reason = text[: min(at for at in cut if at >= 0)], "stop"
             completions[i] = Completion(
-                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                text=text,
                 finish_reason=reason,
                 prompt_tokens=len(prompts[i]),
                 completion_tokens=len(ids),
@@ -184,5 +242,5 @@ class LocalPolicy:
             )
         return completions
 
-    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
-        return [c.text for c in self.complete(conversations)]
+    def __call__(self, conversations: Sequence[Sequence[dict]], answers=None) -> list[str]:
+        return [c.text for c in self.complete(conversations, answers=answers)]

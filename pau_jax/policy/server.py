@@ -7,8 +7,9 @@ Requests arriving together are answered by one sampler call: a single batching
 thread drains the queue (up to `max_batch` requests, waiting at most
 `batch_wait_s` for more), groups them by sampling parameters, and runs each
 group as one batch. Requests that differ only in `repetition_penalty` (an extra
-parameter, as in vLLM and SGLang; Hugging Face semantics, > 0, 1 for none) share a
-batch, each row with its own penalty. Any client of the OpenAI chat API can then
+parameter, as in vLLM and SGLang; Hugging Face semantics, > 0, 1 for none) or in
+`stop` (a string or a list; the reply ends before the first, found by the sampler on
+the device, as `LocalPolicy.complete`'s `stop`) share a batch, each row with its own. Any client of the OpenAI chat API can then
 use a local model as judge, coder, teacher or policy, and any client of the
 embeddings API (e.g. `policy.embeddings.HTTPEmbedder`) a local embedding model.
 
@@ -34,10 +35,14 @@ from pau_jax.policy.local import LocalPolicy
 MAX_EMBEDDING_INPUTS = 2048
 
 
+MAX_STOP_STRINGS = 16
+
+
 @dataclasses.dataclass
 class _Pending:
     messages: list
     sampling: object
+    stop: tuple[str, ...] = ()
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     result: object = None
     error: str | None = None
@@ -142,6 +147,7 @@ class PolicyServer:
                         [i.messages for i in items],
                         sampling,
                         repetition_penalties=[i.sampling.repetition_penalty for i in items],
+                        stop=[i.stop for i in items],
                     )
                 except Exception as e:  # noqa: BLE001 - reported to each waiting client as a 500.
                     for item in items:
@@ -235,9 +241,10 @@ class PolicyServer:
             return 400, _error("messages must be a list of {role, content} objects")
         try:
             sampling = self._sampling_for(body)
+            stop = _stop_strings(body.get("stop"))
         except ValueError as e:
             return 400, _error(str(e))
-        pending = _Pending(messages=messages, sampling=sampling)
+        pending = _Pending(messages=messages, sampling=sampling, stop=stop)
         self._queue.put(pending)
         pending.done.wait()
         if pending.error is not None:
@@ -313,6 +320,21 @@ class PolicyServer:
                 self._send(*route(body))
 
         return Handler
+
+
+def _stop_strings(value) -> tuple[str, ...]:
+    """A request's `stop` (absent, null, a string or a list of strings) as a tuple."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_STOP_STRINGS
+        or not all(isinstance(x, str) and x for x in value)
+    ):
+        raise ValueError(f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS}")
+    return tuple(value)
 
 
 def _error(message: str, kind: str = "invalid_request_error") -> dict:

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from pau_jax.env import parse
 from pau_jax.env.episode import EpisodeState, Phase
-from pau_jax.policy.config import SamplingConfig
+from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig, check_prefix_cache_gib
 from pau_jax.tasks.reference import TaskReference
 
 CRITIC_PROMPT_VERSION = "critic-v1"
@@ -51,6 +51,9 @@ class CriticConfig:
       max_batch_size: conversations per critic call; None = all steps of a rollout at once.
       clamp: clamp ratings to [0, 1] after dividing by 9 (the paper); False keeps
         out-of-range ratings as written (the released code).
+      prefix_cache_gib: GiB of a local critic's prefix cache (`pau_jax.sampling.prefix_cache`;
+        the steps of one episode share their context); 0 prefills every prompt whole. A
+        fresh cache every training step; a critic seat of `policy.backends` sizes its own.
     """
 
     privileged: str = "description"
@@ -58,8 +61,10 @@ class CriticConfig:
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=128, temperature=0.0)
     max_batch_size: int | None = None
     clamp: bool = True
+    prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB
 
     def __post_init__(self):
+        check_prefix_cache_gib("CriticConfig", self.prefix_cache_gib)
         if self.privileged not in PRIVILEGED:
             raise ValueError(f"privileged must be one of {PRIVILEGED}, got {self.privileged!r}")
         if self.sampling.max_new_tokens < 1:

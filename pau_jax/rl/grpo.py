@@ -17,7 +17,10 @@ and the aggregation turns [B, T] token losses into ``loss_sum / denominator``:
 * ``sequence-mean-token-mean``: per sequence the token mean, summed / number of
   sequences with at least one token;
 * ``sequence-mean-token-sum-norm``: per sequence the token sum / ``max_length``,
-  summed / number of sequences with at least one token.
+  summed / number of sequences with at least one token (Dr. GRPO's constant
+  normaliser; its advantages without the std are a credit rule, ``rl.credit``).
+
+Each aggregation is one function in ``_AGGREGATE``.
 
 Returning the pair keeps micro-batching exact: summing ``loss_sum`` and
 ``denominator`` over micro-batches and dividing once gives the full-batch mean.
@@ -31,7 +34,30 @@ import jax.numpy as jnp
 from pau_jax.training import step as step_lib
 from pau_jax.training.logprobs import token_logprobs
 
-AGGREGATIONS = ("token-mean", "sequence-mean-token-mean", "sequence-mean-token-sum-norm")
+
+def _token_mean(token_sum, counts, config):
+    """Every token of the batch counts once: sum / number of tokens."""
+    return jnp.sum(token_sum), jnp.sum(counts)
+
+
+def _sequence_mean_token_mean(token_sum, counts, config):
+    """Each sequence's token mean, averaged over the sequences with tokens."""
+    return jnp.sum(token_sum / jnp.maximum(counts, 1.0)), jnp.sum((counts > 0).astype(jnp.float32))
+
+
+def _sequence_mean_token_sum_norm(token_sum, counts, config):
+    """Each sequence's token sum / ``max_length`` (a constant; Dr. GRPO), averaged over sequences."""
+    return jnp.sum(token_sum) / config.max_length, jnp.sum((counts > 0).astype(jnp.float32))
+
+
+# Aggregation name -> fn(token_sum [B], counts [B], config) -> (loss_sum, denominator).
+# A new aggregation is a function here and one entry.
+_AGGREGATE = {
+    "token-mean": _token_mean,
+    "sequence-mean-token-mean": _sequence_mean_token_mean,
+    "sequence-mean-token-sum-norm": _sequence_mean_token_sum_norm,
+}
+AGGREGATIONS = tuple(_AGGREGATE)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,15 +146,7 @@ def policy_loss(
 
     token_sum = jnp.sum(per_token * mask, axis=-1)  # [B]
     counts = jnp.sum(mask, axis=-1)  # [B]
-    has_tokens = (counts > 0).astype(jnp.float32)
-    if config.aggregation == "token-mean":
-        loss_sum, denominator = jnp.sum(token_sum), jnp.sum(counts)
-    elif config.aggregation == "sequence-mean-token-mean":
-        loss_sum = jnp.sum(token_sum / jnp.maximum(counts, 1.0))
-        denominator = jnp.sum(has_tokens)
-    else:
-        loss_sum = jnp.sum(token_sum) / config.max_length
-        denominator = jnp.sum(has_tokens)
+    loss_sum, denominator = _AGGREGATE[config.aggregation](token_sum, counts, config)
 
     is_clipped = ((adv > 0) & (ratio > 1.0 + config.eps_high)) | (
         (adv < 0) & (ratio < 1.0 - config.eps_low)

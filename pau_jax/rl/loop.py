@@ -4,9 +4,11 @@
 with adapters → checkpointer) → tasks (``tasks.load_tasks``) → learner →
 resume → per step: sampler layout → task groups → ``rollout.collect`` →
 ``samples.make_batch`` → learner layout → train step → sync → optional
-evaluation → log → checkpoint → PEFT adapter export. Every argument is
-keyword-only and gin-bindable (``pau_jax.experiment.train``). Distillation is
-its own run mode (``sft.distill.distill``).
+evaluation → log → checkpoint → PEFT adapter export; each stage that takes
+more than a line is a function below it (``_run_settings``, ``_learner``,
+``_actor``, ``_update``, ``_log``, ``_save``). Every argument is keyword-only
+and gin-bindable (``pau_jax.experiment.train``). Distillation is its own run
+mode (``sft.distill.distill``).
 
 Resuming: a run directory that already holds a checkpoint continues from its
 latest step, with the train state, the data position and the sampling seeds it
@@ -79,10 +81,22 @@ def critic_seed(seed: int, step: int) -> int:
 def _critic(critic, r: run_lib.Run, critic_config: CriticConfig, specs):
     """``critic(seed) -> policy``: the frozen base model (``'self'``) or another backend."""
     if critic == SELF:
-        sampling = critic_config.sampling
-        return lambda seed: r.base_policy(dataclasses.replace(sampling, seed=seed))
+        sampling, gib = critic_config.sampling, critic_config.prefix_cache_gib
+        return lambda seed: r.base_policy(
+            dataclasses.replace(sampling, seed=seed), prefix_cache_gib=gib
+        )
     policy = backends.build_policy(critic, specs)
     return lambda seed: policy
+
+
+def _actor(r: run_lib.Run, rollout_config: RolloutConfig, seed: int) -> LocalPolicy:
+    """The actor's sampler at a step's base seed, with a fresh prefix cache (new weights)."""
+    return LocalPolicy(
+        r.model,
+        r.tokenizer,
+        rollout_config.sampling_for(seed),
+        prefix_cache=backends.prefix_cache(rollout_config.prefix_cache_gib),
+    )
 
 
 def _from_run(name: str, config, field: str, value):
@@ -189,6 +203,59 @@ def train(
         process plays its share of the batch's tasks and only process 0 writes files.
       sandbox_workers: sandbox worker processes.
     """
+    learner_config, reward_config = _run_settings(
+        critic, episode_config, rollout_config, learner_config, reward_config
+    )
+    with (
+        run_lib.open_run(
+            run_dir, actor, seed=seed, mesh_config=mesh_config, max_checkpoints=max_checkpoints
+        ) as r,
+        Executor(workers=sandbox_workers) as executor,
+    ):
+        specs, refs = _tasks(dataset, tasks, references, executor, episode_config)
+        critic_for = _critic(critic, r, critic_config, specs)
+        state, train_step, position, last = _learner(r, learner_config, seed)
+        rows = math.lcm(rows_multiple, learner_config.micro_batch_size or 1, _batch_shards(r))
+        k = rollout_config.tasks_per_batch
+        total = steps if steps is not None else math.ceil(epochs * len(specs) / k)
+        step = int(state.step)
+        while step < total:
+            t0 = time.perf_counter()
+            reshard_s = r.to_layout(parallel.SAMPLER_RULES)
+            batch_tasks = [specs[i] for i in task_order(seed, position, len(specs), k)]
+            rollout = rollout_lib.collect(
+                parallel.process_split(batch_tasks),
+                actor=_actor(r, rollout_config, rollout_seed(seed, step)).complete,
+                critic=critic_for(critic_seed(seed, step)),
+                executor=executor,
+                references=refs,
+                config=rollout_config,
+                episode_config=episode_config,
+                reward_config=reward_config,
+                critic_config=critic_config,
+                advantage_fn=advantage_fn,
+            )
+            t1 = time.perf_counter()
+            state, train_metrics, batch, learner_s = _update(
+                r, train_step, state, rollout, pad_to_multiple=pad_to_multiple, rows=rows
+            )
+            position, step = position + k, step + 1
+            last = _metrics(rollout, train_metrics, batch, t0, t1, reshard_s + learner_s, r.mesh)
+            _log(r, step, total, last, executor, eval_fn=eval_fn, eval_every=eval_every)
+            if step % checkpoint_every == 0 or step == total:
+                _save(r, step, state, seed=seed, position=position, last=last)
+        summary = {"mode": "grpo", "steps": step, "data_position": position}
+        summary.update(credit=credit.describe(advantage_fn), last_metrics=last)
+        return r.finish(summary)
+
+
+def _run_settings(critic, episode_config, rollout_config, learner_config, reward_config):
+    """(learner config, reward config) with what the run sets: one setting each.
+
+    The learner scores at the actor's sampling temperature; the rewards use the
+    episode's T_max. Refuses a critic that is neither ``'self'`` nor a seat, and
+    episodes without a step limit.
+    """
     if critic != SELF and not hasattr(critic, "build"):
         raise ValueError(
             f"critic must be '{SELF}' (the frozen base model, the paper's critic) or a seat "
@@ -196,7 +263,6 @@ def train(
         )
     if episode_config.max_steps is None:
         raise ValueError("training needs a step limit: EpisodeConfig.max_steps (T_max, gin T_MAX)")
-    # One setting each: the learner scores at the sampling temperature, rewards use T_max.
     temperature = _from_run(
         "GRPOConfig.temperature",
         learner_config.grpo,
@@ -209,85 +275,76 @@ def train(
     t_max = _from_run(
         "RewardConfig.max_steps", reward_config, "max_steps", episode_config.max_steps
     )
-    reward_config = dataclasses.replace(reward_config, max_steps=t_max)
-    with (
-        run_lib.open_run(
-            run_dir, actor, seed=seed, mesh_config=mesh_config, max_checkpoints=max_checkpoints
-        ) as r,
-        Executor(workers=sandbox_workers) as executor,
-    ):
-        if tasks is None:
-            specs, refs = load_tasks(dataset or DemoTasksConfig(), executor, episode_config)
-        else:
-            specs, refs = list(tasks), references
-        critic_for = _critic(critic, r, critic_config, specs)
-        state = learner.init_state(r.model, learner_config)
-        shardings = {}
-        if r.mesh is not None:
-            state = parallel.shard_state(state, r.mesh)
-            shardings = parallel.train_step_shardings(r.model, state, r.mesh)
-        train_step = learner.make_train_step(r.model, learner_config, **shardings)
-        state, position, last = _resume(r, state, seed)
-        learner.sync_model(r.model, state)
-        rows = math.lcm(rows_multiple, learner_config.micro_batch_size or 1, _batch_shards(r))
-        k = rollout_config.tasks_per_batch
-        total = steps if steps is not None else math.ceil(epochs * len(specs) / k)
-        step = int(state.step)
-        while step < total:
-            t0 = time.perf_counter()
-            reshard_s = r.to_layout(parallel.SAMPLER_RULES)
-            batch_tasks = [specs[i] for i in task_order(seed, position, len(specs), k)]
-            actor_policy = LocalPolicy(
-                r.model, r.tokenizer, rollout_config.sampling_for(rollout_seed(seed, step))
-            )
-            rollout = rollout_lib.collect(
-                parallel.process_split(batch_tasks),
-                actor=actor_policy.complete,
-                critic=critic_for(critic_seed(seed, step)),
-                executor=executor,
-                references=refs,
-                config=rollout_config,
-                episode_config=episode_config,
-                reward_config=reward_config,
-                critic_config=critic_config,
-                advantage_fn=advantage_fn,
-            )
-            t1 = time.perf_counter()
-            batch = samples.make_batch(
-                rollout.samples, pad_to_multiple=pad_to_multiple, rows_multiple=rows
-            )
-            batch = parallel.pad_to_largest_batch(batch)
-            reshard_s += r.to_layout(parallel.LEARNER_RULES)
-            if r.mesh is not None:
-                batch = parallel.shard_batch(batch, r.mesh)
-            state, train_metrics = train_step(state, batch)
-            learner.sync_model(r.model, state)
-            position, step = position + k, step + 1
-            last = _metrics(rollout, train_metrics, batch, t0, t1, reshard_s, r.mesh)
-            print(
-                f"[train] step {step}/{total} loss={last['train/loss']:.4f} "
-                f"reward={last['rollout/reward_mean']:.3f}",
-                flush=True,
-            )
-            row = dict(last)
-            if eval_fn is not None and eval_every and step % eval_every == 0:
-                found = eval_fn(step=step, model=r.model, tokenizer=r.tokenizer, executor=executor)
-                row.update({f"eval/{name}": float(v) for name, v in found.items()})
-            # One row per step, written before the step's checkpoint starts: a resumed run
-            # keeps the rows up to its checkpoint and redoes the later steps (training.run).
-            r.writer.write(step, row)
-            if step % checkpoint_every == 0 or step == total:
-                extra = {
-                    "seed": seed,
-                    "data_position": position,
-                    "step": step,
-                    "mode": "grpo",
-                    "last_metrics": json.dumps(last),
-                }
-                r.checkpointer.save(step, state, extra=extra)
-        summary = {"mode": "grpo", "steps": step, "data_position": position}
-        summary.update(credit=credit.describe(advantage_fn), last_metrics=last)
-        return r.finish(summary)
+    return learner_config, dataclasses.replace(reward_config, max_steps=t_max)
+
+
+def _tasks(dataset, tasks, references, executor, episode_config):
+    """(specs, references): the explicit ones, else those of ``dataset`` (default: the demo tasks)."""
+    if tasks is not None:
+        return list(tasks), references
+    return load_tasks(dataset or DemoTasksConfig(), executor, episode_config)
+
+
+def _learner(r: run_lib.Run, learner_config: LearnerConfig, seed: int):
+    """(train state, compiled train step, task position, last metrics), resumed when the run has a checkpoint.
+
+    The state (and the step's shardings) follow the run's mesh; the actor holds the state's adapters.
+    """
+    state = learner.init_state(r.model, learner_config)
+    shardings = {}
+    if r.mesh is not None:
+        state = parallel.shard_state(state, r.mesh)
+        shardings = parallel.train_step_shardings(r.model, state, r.mesh)
+    train_step = learner.make_train_step(r.model, learner_config, **shardings)
+    state, position, last = _resume(r, state, seed)
+    learner.sync_model(r.model, state)
+    return state, train_step, position, last
+
+
+def _update(r: run_lib.Run, train_step, state, rollout, *, pad_to_multiple: int, rows: int):
+    """One GRPO update on a rollout's samples: (state, train metrics, batch, reshard seconds).
+
+    The batch is padded to the largest of all processes', the actor moved to the
+    learner layout, and the new adapters synced into it.
+    """
+    batch = samples.make_batch(rollout.samples, pad_to_multiple=pad_to_multiple, rows_multiple=rows)
+    batch = parallel.pad_to_largest_batch(batch)
+    reshard_s = r.to_layout(parallel.LEARNER_RULES)
+    if r.mesh is not None:
+        batch = parallel.shard_batch(batch, r.mesh)
+    state, train_metrics = train_step(state, batch)
+    learner.sync_model(r.model, state)
+    return state, train_metrics, batch, reshard_s
+
+
+def _log(
+    r: run_lib.Run, step: int, total: int, last: dict, executor, *, eval_fn, eval_every: int
+) -> None:
+    """Prints the step, runs ``eval_fn`` every ``eval_every`` steps, writes the step's metrics row."""
+    print(
+        f"[train] step {step}/{total} loss={last['train/loss']:.4f} "
+        f"reward={last['rollout/reward_mean']:.3f}",
+        flush=True,
+    )
+    row = dict(last)
+    if eval_fn is not None and eval_every and step % eval_every == 0:
+        found = eval_fn(step=step, model=r.model, tokenizer=r.tokenizer, executor=executor)
+        row.update({f"eval/{name}": float(v) for name, v in found.items()})
+    # One row per step, written before the step's checkpoint starts: a resumed run
+    # keeps the rows up to its checkpoint and redoes the later steps (training.run).
+    r.writer.write(step, row)
+
+
+def _save(r: run_lib.Run, step: int, state, *, seed: int, position: int, last: dict) -> None:
+    """Starts the step's checkpoint: the train state, the data position and the step's metrics."""
+    extra = {
+        "seed": seed,
+        "data_position": position,
+        "step": step,
+        "mode": "grpo",
+        "last_metrics": json.dumps(last),
+    }
+    r.checkpointer.save(step, state, extra=extra)
 
 
 def _batch_shards(r: run_lib.Run) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 from pau_jax.env import runner
 from pau_jax.env.episode import EpisodeConfig, Phase
 from pau_jax.env.runner import EpisodeSpec, FinishedEpisode
-from pau_jax.policy.config import SamplingConfig
+from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig, check_prefix_cache_gib
 from pau_jax.rl import critic as critic_lib
 from pau_jax.rl import rewards as rewards_lib
 from pau_jax.rl.samples import Sample
@@ -39,6 +39,9 @@ class RolloutConfig:
         ends its episode (finish reason 'prompt_length'), as the released trainer did.
       call_timeout_s: wall-clock limit of one sandbox call.
       max_parallel_calls: sandbox calls in flight at once.
+      prefix_cache_gib: GiB of the actor's prefix cache (`pau_jax.sampling.prefix_cache`:
+        each phase of an episode prefills only what its conversation appended; a fresh
+        cache every training step, since the weights change); 0 prefills every prompt whole.
     """
 
     tasks_per_batch: int = 8
@@ -46,8 +49,10 @@ class RolloutConfig:
     sampling: SamplingConfig = SamplingConfig(max_new_tokens=512, temperature=1.0)
     call_timeout_s: float = 2.0
     max_parallel_calls: int = 8
+    prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB
 
     def __post_init__(self):
+        check_prefix_cache_gib("RolloutConfig", self.prefix_cache_gib)
         if self.tasks_per_batch < 1 or self.group_size < 1:
             raise ValueError(
                 f"tasks_per_batch and group_size must be >= 1, got {self.tasks_per_batch} "
@@ -55,6 +60,12 @@ class RolloutConfig:
             )
         if self.sampling.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.sampling.max_new_tokens}")
+        if self.sampling.structured == "constrain_inputs":
+            raise ValueError(
+                "RolloutConfig.sampling.structured='constrain_inputs' is for evaluation only: "
+                "the learner scores tokens under the unmasked policy, so masked rollouts would "
+                "bias the GRPO ratio and KL (docs/reproducing.md); use 'end_at_answer' or 'off'"
+            )
         if self.sampling.temperature <= 0:
             raise ValueError(
                 f"the actor must sample (temperature > 0), got {self.sampling.temperature}"

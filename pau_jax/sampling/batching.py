@@ -62,7 +62,24 @@ def cache_rooms(width: int, buffer_len: int) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BatchLayout:
-    """Bucketed arrays for one generation call.
+    """Bucketed arrays for one generation call, and the slot layout of its KV cache.
+
+    Slot layout (of the prefill, prefix reuse, decode and prefix cache). Row b of the
+    cache is decode row b, a copy of prompt ``row_source[b]``'s prefill. Prompt u of n
+    tokens has its first n - 1 tokens in slots [W - n + 1, W), right-aligned at the
+    prompt-bucket width W (left padding before them). Decode step i feeds one token into
+    slot W + i: step 0 the last prompt token, step i > 0 the token sampled at step i - 1.
+    A row's prompt and its first m reply tokens thus fill one contiguous run of slots,
+    [W - n + 1, W + m + 1).
+
+    Prefix reuse (``prefix_cache.PrefixCache.plan_reuse``) gives the same slots: prompt u's
+    first ``starts[u]`` tokens are gathered from cached runs into
+    [W - n + 1, W - n + 1 + starts[u]), and the rest of the prompt but its last token is a
+    left-padded block of T slots, [W - T, W), whose padding may lie over reused or empty
+    slots; only its real tokens are written (``Decoder.decode(overlay=True)``). A call with
+    reuse therefore runs the decode programs and cache sizes of a call without it. After
+    decoding, ``PrefixCache.store_rows`` records each row's prompt and reply but the
+    reply's last token (whose keys were never computed): the run [W - n + 1, W + length).
 
     Attributes:
       input_ids: [U, W] int32 distinct prompts without their last token, left-padded

@@ -13,9 +13,8 @@ prefilled (`sampling.generate(..., prefix_cache=...)`).
 The keys and values stay on the device, in the final decode cache of the call that
 computed them (a `Block`, shared by the entries of that call's rows): a row's prompt and
 reply fill one contiguous run of its slots. A reusing call gathers each prompt's matched
-run into the layout of a plain prefill (the prompt right-aligned at the prompt-bucket width
-W, `batching.layout_batch`), so it runs the same decode programs on caches of the same size
-as a call without reuse; nothing is copied to or from the host.
+run into the slots a plain prefill would give it; nothing is copied to or from the host.
+`batching.BatchLayout` states the slot layout of both.
 
 The cache is bound to the model weights it was filled with: a call with different
 parameter arrays (an optimizer step, new adapters) empties it. Least-recently-used entries
@@ -222,6 +221,83 @@ class PrefixCache:
             self.stats["evictions"] += 1
         return True
 
+    def plan_reuse(self, layout: batching.BatchLayout) -> "Reuse | None":
+        """Matches each distinct prompt against the cache; None when no prompt reuses anything.
+
+        The prefill has the plain layout's width W (`layout.input_ids`) and slots
+        (`batching.BatchLayout`); the suffix block is T slots, the suffix bucket
+        (`batching.SUFFIX_BUCKET`) of the longest remaining part (at most W).
+
+        Args:
+          layout: the call's layout; its `prompts` are matched.
+
+        Returns:
+          The gathered prefixes and the suffix block, or None.
+        """
+        distinct = layout.prompts
+        matches = [self.match(p) for p in distinct]
+        self.stats["lookups"] += len(distinct)
+        self.stats["hits"] += sum(n > 0 for _, n in matches)
+        if not any(n for _, n in matches):
+            return None
+        height, width = layout.input_ids.shape
+        starts = np.zeros(height, np.int32)
+        starts[: len(distinct)] = [n for _, n in matches]
+        rest = [len(p) - 1 - n for p, (_, n) in zip(distinct, matches, strict=True)]
+        suffix_width = min(batching.bucket_size(max(max(rest), 1), **batching.SUFFIX_BUCKET), width)
+        suffix_ids = np.zeros((height, suffix_width), np.int32)
+        suffix_mask = np.zeros((height, suffix_width), np.int32)
+        prefix_mask = np.zeros((height, width), bool)
+        # Per block the reused runs it holds: prompt u's first n tokens go to [lo, lo + n).
+        runs: dict[int, tuple[Block, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        for u, (prompt, (entry, n)) in enumerate(zip(distinct, matches, strict=True)):
+            lo = width - (len(prompt) - 1)
+            if n:
+                prefix_mask[u, lo : lo + n] = True
+                block = runs.setdefault(
+                    id(entry.block), (entry.block, *(np.zeros(height, np.int32) for _ in range(4)))
+                )
+                _, rows, offsets, first, end = block
+                rows[u], offsets[u], first[u], end[u] = entry.row, entry.start - lo, lo, lo + n
+            if rest[u]:
+                suffix_ids[u, suffix_width - rest[u] :] = prompt[n:-1]
+                suffix_mask[u, suffix_width - rest[u] :] = 1
+        gathered = None
+        for block, rows, offsets, first, end in runs.values():
+            gathered = _gather(block.k, block.v, rows, offsets, first, end, gathered, width=width)
+        return Reuse(*gathered, prefix_mask, suffix_ids, suffix_mask, starts)
+
+    def store_rows(self, device_cache, layout: batching.BatchLayout, tokens, lengths) -> None:
+        """Adds each row's prompt and reply to the cache, as runs of the final decode cache.
+
+        The reply's last token is left out (its keys were never computed); the runs stay
+        on the device, in the slots `batching.BatchLayout` gives them. Beyond the budget
+        only the first rows that fit are kept.
+
+        Args:
+          device_cache: the final decode cache (`kv_cache.KVCache`, B rows).
+          layout: the call's layout.
+          tokens: [B, N] the sampled tokens.
+          lengths: [B] how many of them each row generated.
+        """
+        width = layout.input_ids.shape[1]
+        block = Block(tuple(device_cache.k), tuple(device_cache.v))
+        sequences = []
+        for row in range(layout.num_rows):
+            prompt, length = layout.prompts[int(layout.row_source[row])], int(lengths[row])
+            ids = np.asarray(list(prompt) + tokens[row, : length - 1].tolist(), np.int32)
+            sequences.append((ids, width - (len(prompt) - 1)))
+        ids_bytes = np.cumsum([ids.nbytes for ids, _ in sequences])
+        if block.nbytes + ids_bytes[-1] > self.max_bytes:
+            # Only the first rows the budget can hold are kept (their rows copied out).
+            held = block.nbytes // block.num_rows * np.arange(1, len(sequences) + 1) + ids_bytes
+            fit = int((held <= self.max_bytes).sum())
+            if not fit:
+                return
+            block, sequences = block.first_rows(fit), sequences[:fit]
+        for row, (ids, start) in enumerate(sequences):
+            self.add(ids, block, row, start)
+
 
 @functools.partial(jax.jit, static_argnames=("width",))
 def _gather(keys, values, rows, offsets, lo, hi, into=None, *, width):
@@ -277,9 +353,7 @@ def _gather(keys, values, rows, offsets, lo, hi, into=None, *, width):
 class Reuse:
     """The arrays of a prefill on top of cached prefixes (see `sampler._prefill_extend`).
 
-    Prompt u's prefill slots are those of a plain prefill: its first `starts[u]` tokens
-    (reused) from slot W - len(prompt) + 1, the rest right-aligned at W, in the last T
-    slots (the suffix block, left-padded; its padding lies over reused slots or empty ones).
+    Their slots are those of a plain prefill of the same prompts (`batching.BatchLayout`).
     """
 
     prefix_k: tuple[jax.Array, ...]  # L arrays [U, K, W, H], the reused runs
@@ -288,69 +362,3 @@ class Reuse:
     suffix_ids: np.ndarray  # [U, T] int32
     suffix_mask: np.ndarray  # [U, T] int32
     starts: np.ndarray  # [U] int32, reused prefix length of each prompt
-
-
-def plan_reuse(cache, distinct, layout) -> "Reuse | None":
-    """Matches each distinct prompt against `cache`; None when no prompt reuses anything.
-
-    The prefill has the plain layout's width W (`layout.input_ids`), so the decode
-    programs and cache sizes are those of a call without reuse; the suffix block is T
-    slots, the suffix bucket (`batching.SUFFIX_BUCKET`) of the longest remaining part
-    (at most W).
-    """
-    matches = [cache.match(p) for p in distinct]
-    cache.stats["lookups"] += len(distinct)
-    cache.stats["hits"] += sum(n > 0 for _, n in matches)
-    if not any(n for _, n in matches):
-        return None
-    height, width = layout.input_ids.shape
-    starts = np.zeros(height, np.int32)
-    starts[: len(distinct)] = [n for _, n in matches]
-    rest = [len(p) - 1 - n for p, (_, n) in zip(distinct, matches, strict=True)]
-    suffix_width = min(batching.bucket_size(max(max(rest), 1), **batching.SUFFIX_BUCKET), width)
-    suffix_ids = np.zeros((height, suffix_width), np.int32)
-    suffix_mask = np.zeros((height, suffix_width), np.int32)
-    prefix_mask = np.zeros((height, width), bool)
-    # Per block the reused runs it holds: prompt u's first n tokens go to [lo, lo + n).
-    runs: dict[int, tuple[Block, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
-    for u, (prompt, (entry, n)) in enumerate(zip(distinct, matches, strict=True)):
-        lo = width - (len(prompt) - 1)
-        if n:
-            prefix_mask[u, lo : lo + n] = True
-            block = runs.setdefault(
-                id(entry.block), (entry.block, *(np.zeros(height, np.int32) for _ in range(4)))
-            )
-            _, rows, offsets, first, end = block
-            rows[u], offsets[u], first[u], end[u] = entry.row, entry.start - lo, lo, lo + n
-        if rest[u]:
-            suffix_ids[u, suffix_width - rest[u] :] = prompt[n:-1]
-            suffix_mask[u, suffix_width - rest[u] :] = 1
-    gathered = None
-    for block, rows, offsets, first, end in runs.values():
-        gathered = _gather(block.k, block.v, rows, offsets, first, end, gathered, width=width)
-    return Reuse(*gathered, prefix_mask, suffix_ids, suffix_mask, starts)
-
-
-def store_rows(cache, device_cache, layout, distinct, width, tokens, lengths) -> None:
-    """Adds each row's prompt and reply (all but its last token, whose keys were never
-    computed) to `cache`, as runs of the final decode cache (kept on the device).
-
-    Row r's prompt but its last token fills slots [W - len(prompt) + 1, W), and its last
-    prompt token and reply but its last token [W, W + length): one run of slots.
-    """
-    block = Block(tuple(device_cache.k), tuple(device_cache.v))
-    sequences = []
-    for row in range(layout.num_rows):
-        prompt, length = distinct[int(layout.row_source[row])], int(lengths[row])
-        ids = np.asarray(list(prompt) + tokens[row, : length - 1].tolist(), np.int32)
-        sequences.append((ids, width - (len(prompt) - 1)))
-    ids_bytes = np.cumsum([ids.nbytes for ids, _ in sequences])
-    if block.nbytes + ids_bytes[-1] > cache.max_bytes:
-        # Only the first rows the budget can hold are kept (their rows copied out).
-        held = block.nbytes // block.num_rows * np.arange(1, len(sequences) + 1) + ids_bytes
-        fit = int((held <= cache.max_bytes).sum())
-        if not fit:
-            return
-        block, sequences = block.first_rows(fit), sequences[:fit]
-    for row, (ids, start) in enumerate(sequences):
-        cache.add(ids, block, row, start)

@@ -2,11 +2,14 @@
 
 The model is split once per call into a static graph definition and its state (base
 weights and any LoRA adapters, never merged); both jitted functions take the state as an
-argument, so new weights never recompile. The prefill caches each distinct prompt but its last
-token, computing no logits, and copies the cache to the prompt's G sample rows; the decode
-loop feeds one token per row per step (first the last prompt token), writes one cache
-slot in place (the cache is donated; the model state is not, since the caller keeps the
-model) and stops when every row has hit a stop token or the token budget.
+argument, so new weights never recompile. `generate` runs two parts: the prefill
+(`_prefill_rows`) caches each distinct prompt but its last token, computing no logits, either
+whole or after a prefix reused from a `PrefixCache`, and copies the cache to the prompt's G
+sample rows; the decode (`_decode_rows`) feeds one token per row per step (first the last
+prompt token), writes one cache slot in place (the cache is donated; the model state is
+not, since the caller keeps the model) and stops when every row has hit a stop token or
+the token budget, growing the cache between segments. `batching.BatchLayout` states the
+slot layout of the cache.
 
 A repetition penalty (Hugging Face's `repetition_penalty`) adds a [B, V] bool "seen" mask
 to the decode carry: built once from the prompts (padding excluded), marked with each new
@@ -22,6 +25,7 @@ the key/value heads where the sizes divide (``sharding.constrain``); otherwise r
 import collections
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -31,12 +35,13 @@ import numpy as np
 from flax import nnx
 
 from pau_jax.models import kv_cache, sharding
-from pau_jax.sampling import batching, logits, output
+from pau_jax.sampling import batching, constraint, logits, output
 from pau_jax.sampling import prefix_cache as prefix_cache_lib
+from pau_jax.sampling import settings as settings_lib
 
+_log = logging.getLogger(__name__)
 _TRACES: collections.Counter = collections.Counter()
 _CALLS: collections.Counter = collections.Counter()
-MAX_STOP_IDS = 8
 # Each step reads every layer's cache (attention over the earlier slots) and then writes one
 # slot of it in place. XLA's CPU copy insertion cannot order the two inside the while loop
 # without its region analysis and copies every cache array twice per step; the option is a
@@ -75,7 +80,7 @@ def _prefill(graphdef, state, input_ids, mask, row_source, *, cache_len, cache_d
       cache_dtype: dtype of cached keys and values.
 
     Returns:
-      KVCache with B rows of S slots, slots [0, W) filled.
+      KVCache with B rows of S slots, slots [0, W) filled (`batching.BatchLayout`).
     """
     _TRACES["prefill"] += 1
     model = nnx.merge(graphdef, state)
@@ -107,10 +112,8 @@ def _prefill_extend(
 ):  # fmt: skip
     """Like `_prefill`, on top of cached prefixes: only the tokens after them are computed.
 
-    The result has the layout of `_prefill` for the same prompts: prompt u's tokens but
-    its last fill the slots up to W - 1, its reused prefix first, then the T-slot block of
-    new tokens (left-padded), whose padding may lie over reused slots: only real new tokens
-    are written (`Decoder.decode(..., overlay=True)`).
+    The result has the slots of `_prefill` for the same prompts (`batching.BatchLayout`
+    states where the reused prefix and the T-slot block of new tokens lie).
 
     Args:
       graphdef: the model's static graph definition.
@@ -163,6 +166,7 @@ def _start(
     prompt_ids=None,
     prompt_mask=None,
     row_source=None,
+    states=None,
     *,
     buffer_len,
     vocab_size,
@@ -176,13 +180,14 @@ def _start(
       prompt_ids: [U, W] the prefilled prompts, with a repetition penalty only.
       prompt_mask: [U, W] 1 on those tokens, with a penalty only.
       row_source: [B] prompt index of every row, with a penalty only.
+      states: [B] each row's first automaton state, with an automaton only.
       buffer_len: N, size of the per-row output buffers.
       vocab_size: V, size of the seen-token mask (with a penalty).
 
     Returns:
       The carry dict: step, last, tokens/logprobs/plain [B, N], lengths, stopped, done,
-      cache and, with a penalty, seen [B, V] (every id of the row's prompt, its last
-      token included, padding excluded).
+      cache, with a penalty seen [B, V] (every id of the row's prompt, its last token
+      included, padding excluded), and with an automaton its states [B].
     """
     batch = last_prompt_tokens.shape[0]
     zeros = jnp.zeros((batch, buffer_len), jnp.float32)
@@ -197,6 +202,8 @@ def _start(
         done=~active,
         cache=cache,
     )
+    if states is not None:
+        carry["states"] = states
     if prompt_ids is not None:
         ids = jnp.concatenate(
             [jnp.take(prompt_ids, row_source, axis=0), last_prompt_tokens[:, None]], 1
@@ -218,26 +225,11 @@ def _grow(carry, *, cache_len):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("graphdef", "max_top_k"),
+    static_argnames=("graphdef",),
     donate_argnames=("carry",),
     compiler_options=_DECODE_COMPILER_OPTIONS,
 )
-def _decode(
-    graphdef,
-    state,
-    carry,
-    width,
-    prompt_lens,
-    temperature,
-    top_k,
-    top_p,
-    stop_ids,
-    max_new_tokens,
-    uniforms,
-    repetition_penalty=None,
-    *,
-    max_top_k,
-):
+def _decode(graphdef, state, carry, settings: settings_lib.DecodeSettings):
     """Samples tokens until every row is done or the cache is full.
 
     Step i feeds one token (the last prompt token, then the token of step i - 1) into
@@ -251,22 +243,17 @@ def _decode(
       carry: the loop state from `_start` (or a previous call): the KVCache (keys
         [B, K, S, H], values [B, K, H, S]) with the prompts but their last token in slots
         [0, W), then the tokens so far.
-      width: int32 scalar W, the prefilled width (slot of step 0).
-      prompt_lens: [B] prompt lengths.
-      temperature, top_k, top_p: [B] per-row sampling settings.
-      stop_ids: [MAX_STOP_IDS] int32 stop ids, padded with -1.
-      max_new_tokens: int32 scalar budget (<= N).
-      uniforms: [B, N, 2] float32 uniforms in [0, 1), the randomness of each draw.
-      repetition_penalty: [B] float32 per-row penalty, or None for none (a separate
-        compiled program: without it the carry has no seen-token mask).
-      max_top_k: static candidate-set size.
+      settings: the call's `DecodeSettings`.
 
     Returns:
       The carry after the last step taken.
     """
     _TRACES["decode"] += 1
     model = nnx.merge(graphdef, state)
+    width, prompt_lens, stop_ids = settings.width, settings.prompt_lens, settings.stop_ids
+    max_new_tokens, repetition_penalty = settings.max_new_tokens, settings.repetition_penalty
     penalise = repetition_penalty is not None
+    automaton = settings.automaton
     last_step = jnp.minimum(max_new_tokens, carry["cache"].max_len - width)
 
     def step_once(carry):
@@ -286,20 +273,27 @@ def _decode(
                     f"{carry['seen'].shape[-1]}; repetition_penalty needs them equal"
                 )
             scores = logits.repetition_penalty_logits(raw, carry["seen"], repetition_penalty)
+        if automaton is not None:
+            remaining = max_new_tokens - carry["lengths"]
+            scores = constraint.mask_logits(automaton, carry["states"], scores, remaining)
         tokens, logprobs, plain = logits.sample_tokens(
             scores,
-            jax.lax.dynamic_index_in_dim(uniforms, step, axis=1, keepdims=False),
-            temperature,
-            top_k,
-            top_p,
-            max_top_k=max_top_k,
-            plain_logits=raw if penalise else None,
+            jax.lax.dynamic_index_in_dim(settings.uniforms, step, axis=1, keepdims=False),
+            settings.temperature,
+            settings.top_k,
+            settings.top_p,
+            max_top_k=settings.max_top_k,
+            plain_logits=raw if penalise or automaton is not None else None,
         )
         live = ~carry["done"]
         tokens = jnp.where(live, tokens, 0)
         hit_stop = live & jnp.any(tokens[:, None] == stop_ids[None, :], axis=-1)
         lengths = carry["lengths"] + live
         extra = dict(seen=logits.mark_seen(carry["seen"], tokens)) if penalise else {}
+        if automaton is not None:  # a row whose answer is complete ends with this token
+            states = constraint.advance(automaton, carry["states"], tokens)
+            extra["states"] = jnp.where(live, states, carry["states"])
+            hit_stop = hit_stop | (live & constraint.is_complete(automaton, states))
         return dict(
             **extra,
             step=step + 1,
@@ -319,35 +313,138 @@ def _decode(
     return jax.lax.while_loop(keep_going, step_once, carry)
 
 
-def _per_row(value, name: str, num_prompts: int, n_samples: int, dtype) -> np.ndarray:
-    """Expands a scalar, per-prompt or per-row setting to one value per row."""
-    arr = np.asarray(value, dtype)
-    if arr.ndim == 0:
-        return np.full(num_prompts * n_samples, arr, dtype)
-    if arr.shape == (num_prompts,):
-        return np.repeat(arr, n_samples)
-    if arr.shape == (num_prompts * n_samples,):
-        return arr
-    raise ValueError(
-        f"{name} must be a scalar or have {num_prompts} (per prompt) or "
-        f"{num_prompts * n_samples} (per row) values, got shape {arr.shape}"
+def _usable_prefix_cache(prefix_cache, mesh):
+    """`prefix_cache`, or None under a device mesh (logged), where prompts are prefilled whole."""
+    if mesh is None or prefix_cache is None:
+        return prefix_cache
+    _log.info(
+        "prefix cache off: the model is on a device mesh %s, so prompts are prefilled whole",
+        dict(mesh.shape),
+    )
+    return None
+
+
+def _prefill_rows(
+    graphdef,
+    state,
+    layout: batching.BatchLayout,
+    prefix_cache: prefix_cache_lib.PrefixCache | None,
+    room: int,
+    cache_dtype: jnp.dtype,
+) -> tuple[kv_cache.KVCache, dict]:
+    """The decode rows' cache with every prompt but its last token prefilled.
+
+    With a `prefix_cache` that holds a prefix of some prompt, only the tokens after the
+    cached prefixes are computed (`_prefill_extend`); otherwise the prompts are prefilled
+    whole (`_prefill`). Both give the slots of `batching.BatchLayout`.
+
+    Args:
+      graphdef: the model's static graph definition.
+      state: the model's state (parameters).
+      layout: the call's layout.
+      prefix_cache: a cache to reuse (bound to `state` and `cache_dtype` first), or None.
+      room: the first decode segment's steps; the cache has S = W + room slots.
+      cache_dtype: dtype of cached keys and values.
+
+    Returns:
+      (KVCache with B rows of S slots, the `SampleOutput` fields prefill_seconds,
+      prefill_tokens and reused_tokens by name).
+    """
+    start = time.perf_counter()
+    cache_len = layout.input_ids.shape[1] + room
+    reuse = None
+    if prefix_cache is not None:
+        prefix_cache.bind(state, cache_dtype)
+        reuse = prefix_cache.plan_reuse(layout)
+    _CALLS["prefill"] += 1
+    _CALLS["prefill_rows"] += layout.input_ids.shape[0]
+    row_source = None if layout.rows_are_prompts else jnp.asarray(layout.row_source)
+    if reuse is None:
+        prefill_tokens, reused_tokens = sum(len(p) - 1 for p in layout.prompts), 0
+        cache = _prefill(
+            graphdef,
+            state,
+            jnp.asarray(layout.input_ids),
+            jnp.asarray(layout.mask),
+            row_source,
+            cache_len=cache_len,
+            cache_dtype=cache_dtype,
+        )
+    else:
+        prefill_tokens, reused_tokens = int(reuse.suffix_mask.sum()), int(reuse.starts.sum())
+        cache = _prefill_extend(
+            graphdef,
+            state,
+            reuse.prefix_k,
+            reuse.prefix_v,
+            jnp.asarray(reuse.prefix_mask),
+            jnp.asarray(reuse.suffix_ids),
+            jnp.asarray(reuse.suffix_mask),
+            jnp.asarray(reuse.starts),
+            row_source,
+            cache_len=cache_len,
+        )
+    jax.block_until_ready(cache)
+    seconds = time.perf_counter() - start
+    _CALLS["prefill_tokens"] += prefill_tokens
+    _CALLS["reused_tokens"] += reused_tokens
+    return cache, dict(
+        prefill_seconds=seconds, prefill_tokens=prefill_tokens, reused_tokens=reused_tokens
     )
 
 
-def _uniforms(seed: int, rows: int, steps: int) -> np.ndarray:
-    """[rows, steps, 2] float32 uniforms in [0, 1); row r comes from default_rng((seed, r))."""
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
-    return np.stack(
-        [np.random.default_rng((seed, r)).random((steps, 2), np.float32) for r in range(rows)]
+def _decode_rows(
+    graphdef,
+    state,
+    cache: kv_cache.KVCache,
+    layout: batching.BatchLayout,
+    settings: settings_lib.DecodeSettings,
+    rooms: Sequence[int],
+    config,
+) -> dict:
+    """Decodes every row from its prefilled cache, one `_decode` call per cache length.
+
+    The cache starts with W + rooms[0] slots and grows to W + rooms[i] before segment i,
+    only while some row is not done (`batching.cache_rooms`).
+
+    Args:
+      graphdef: the model's static graph definition.
+      state: the model's state (parameters).
+      cache: the prefilled KVCache (`_prefill_rows`).
+      layout: the call's layout.
+      settings: the call's `DecodeSettings`.
+      rooms: the new-token room of each cache length; the last is the buffer size N.
+      config: the model's config; its `vocab_size` V sizes the seen-token mask (with a
+        penalty).
+
+    Returns:
+      The final carry (see `_start`).
+    """
+    width = layout.input_ids.shape[1]
+    penalty_inputs = ()
+    if settings.repetition_penalty is not None:
+        penalty_inputs = tuple(
+            jnp.asarray(x) for x in (layout.input_ids, layout.mask, layout.row_source)
+        )
+    # Without a penalty the carry has no seen-token mask and the decode program none.
+    carry = _start(
+        cache,
+        jnp.asarray(layout.last_tokens),
+        jnp.asarray(layout.active),
+        *(penalty_inputs or (None, None, None)),
+        settings.starts,
+        buffer_len=rooms[-1],
+        vocab_size=config.vocab_size,
     )
-
-
-def _padded(values: np.ndarray, rows: int, fill) -> np.ndarray:
-    """Pads a per-row array to the bucketed row count."""
-    out = np.full(rows, fill, values.dtype)
-    out[: len(values)] = values
-    return out
+    _CALLS["decode"] += 1
+    for segment, room in enumerate(rooms):
+        if segment:
+            if bool(jnp.all(carry["done"])):
+                break
+            carry = _grow(carry, cache_len=width + room)
+        _CALLS["decode_segments"] += 1
+        carry = _decode(graphdef, state, carry, settings)
+    return carry
 
 
 def generate(
@@ -368,6 +465,8 @@ def generate(
     max_top_k: int = 64,
     cache_dtype=None,
     prefix_cache: prefix_cache_lib.PrefixCache | None = None,
+    automaton: constraint.TokenAutomaton | None = None,
+    automaton_starts=None,
 ) -> output.SampleOutput:
     """Samples continuations of token-id prompts.
 
@@ -376,163 +475,77 @@ def generate(
         with or without LoRA adapters.
       prompts: P token-id lists (any lengths), or a [P, T] integer array with `prompt_mask`.
       max_new_tokens: budget of generated tokens per row.
-      temperature: 0 for greedy, else the softmax temperature; scalar, [P] or [P * G].
-      top_k: 0 for no limit, else keep the k most probable tokens (k <= `max_top_k`);
-        scalar, [P] or [P * G].
-      top_p: nucleus mass in (0, 1]; 1 for no limit; scalar, [P] or [P * G].
-      repetition_penalty: > 0; 1 for none; scalar, [P] or [P * G]. As Hugging Face's
-        `repetition_penalty`: every id in the row's prompt (padding excluded) or among its
-        tokens so far has its logit divided by the penalty if positive, else multiplied,
-        before temperature, top-k and top-p; greedy rows take the argmax of the penalised
-        logits. With any row's penalty != 1, a second decode program runs that carries a
-        [B, V] seen-token mask; otherwise nothing changes.
+      temperature, top_k, top_p, repetition_penalty: each a scalar, [P] or [P * G].
+        temperature: 0 for greedy. top_k: 0 for no limit, else at most `max_top_k`. top_p:
+        nucleus mass in (0, 1]. repetition_penalty: > 0, 1 for none; as Hugging Face's,
+        the logit of every id in the row's prompt (padding excluded) or tokens so far is
+        divided by it if positive, else multiplied, before the others (a second decode
+        program, which carries a [B, V] seen-token mask).
       stop_token_ids: ids that end a row (kept as the row's last token).
       n_samples: G, samples per prompt; each distinct prompt is prefilled once.
-      seed: seed of the draws; row r draws from numpy's default_rng((seed, r)), so its
-        samples do not depend on the other rows or the bucket sizes.
+      seed: row r draws from numpy's default_rng((seed, r)), whatever the other rows and
+        the buckets.
       prompt_mask: with an array `prompts`, [P, T] with 1 on real tokens.
       stop_strings: strings that end a row, found on the host with `decode`.
       decode: maps token ids to text; needed for `stop_strings`, and fills `texts`.
       max_top_k: static candidate-set size for top-k and top-p.
       cache_dtype: dtype of the KV cache; defaults to the model's parameter dtype.
-      prefix_cache: a `PrefixCache` to reuse and fill: a prompt that starts with a cached
-        sequence (at least `min_reuse` tokens) is prefilled only after it, and every row's
-        prompt and reply are added to it. The cache empties itself when the model's weights
-        or the cache dtype differ from those it was filled with. Not used under a device
-        mesh (the prompts are then prefilled whole).
+      prefix_cache: a `PrefixCache` to reuse and fill with every row's prompt and reply;
+        emptied when the weights or the cache dtype change; off under a device mesh (logged).
+      automaton: a `constraint.TokenAutomaton` (structured decoding): each step, a row's
+        logits are masked to the tokens its state allows (before the penalty's processed
+        logits are sampled, after it is applied), and a row ends ("stop") with the token
+        that completes its answer. None (the default) compiles the program without it.
+      automaton_starts: each row's first state, one of `automaton.starts` or
+        `automaton.free` (unconstrained): None (all `automaton.start`), a scalar, [P] or
+        [P * G].
 
     Returns:
-      A `SampleOutput` with P * G rows, prompt-major. With a penalty, `logprobs` are those
-      of the penalised distribution the tokens were drawn from, while `plain_logprobs`
-      stay log_softmax(logits / T) of the model's raw logits (what a learner computes).
+      A `SampleOutput` with P * G rows, prompt-major. With a penalty or an automaton,
+      `logprobs` are those of the penalised and masked distribution drawn from;
+      `plain_logprobs` stay log_softmax(logits / T) of the raw logits (what a learner
+      computes).
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if n_samples < 1:
-        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
-    if len(stop_token_ids) > MAX_STOP_IDS:
-        raise ValueError(f"at most {MAX_STOP_IDS} stop_token_ids, got {len(stop_token_ids)}")
-    if stop_strings and decode is None:
-        raise ValueError("stop_strings need a decode function; pass decode=tokenizer.decode")
-    prompt_lists = batching.prompts_as_lists(prompts, prompt_mask)
-    config = model.config
-    for i, prompt in enumerate(prompt_lists):
-        if prompt and not 0 <= min(prompt) <= max(prompt) < config.vocab_size:
-            raise ValueError(f"prompt {i} has ids outside [0, {config.vocab_size})")
-    num_prompts = len(prompt_lists)
-    temperature = _per_row(temperature, "temperature", num_prompts, n_samples, np.float32)
-    top_k = _per_row(top_k, "top_k", num_prompts, n_samples, np.int32)
-    top_p = _per_row(top_p, "top_p", num_prompts, n_samples, np.float32)
-    if (temperature < 0).any() or not np.isfinite(temperature).all():
-        raise ValueError("temperature must be finite and >= 0 (0 means greedy)")
-    if (top_k < 0).any() or (top_k > max_top_k).any():
-        raise ValueError(f"top_k must be in [0, max_top_k={max_top_k}]; raise max_top_k")
-    if not ((top_p > 0) & (top_p <= 1)).all():
-        raise ValueError("top_p must be in (0, 1]")
-    repetition_penalty = _per_row(
-        repetition_penalty, "repetition_penalty", num_prompts, n_samples, np.float32
+    settings_lib.check_arguments(max_new_tokens, n_samples, stop_token_ids, stop_strings, decode)
+    prompt_lists = settings_lib.checked_prompts(prompts, prompt_mask, model.config.vocab_size)
+    per_row = settings_lib.per_row_settings(
+        len(prompt_lists), n_samples, max_top_k, temperature=temperature, top_k=top_k,
+        top_p=top_p, repetition_penalty=repetition_penalty,
+    )  # fmt: skip
+    starts = settings_lib.automaton_starts(
+        automaton, automaton_starts, len(prompt_lists), n_samples
     )
-    if not (np.isfinite(repetition_penalty) & (repetition_penalty > 0)).all():
-        raise ValueError("repetition_penalty must be finite and > 0 (1.0 means no penalty)")
-    penalise = bool((repetition_penalty != 1.0).any())
-
+    if automaton is not None and automaton.vocab_size != model.config.vocab_size:
+        raise ValueError(
+            f"the automaton covers {automaton.vocab_size} tokens, the model "
+            f"{model.config.vocab_size}; build it with vocab_size=model.config.vocab_size"
+        )
     layout = batching.layout_batch(prompt_lists, n_samples)
-    rows = len(layout.row_source)
-    width = layout.input_ids.shape[1]
     buffer_len = batching.bucket_size(max_new_tokens, **batching.NEW_TOKENS_BUCKET)
-    rooms = batching.cache_rooms(width, buffer_len)
+    rooms = batching.cache_rooms(layout.input_ids.shape[1], buffer_len)
     graphdef, state = nnx.split(model)
-    if cache_dtype is None:
-        cache_dtype = model.dtype
+    cache_dtype = jnp.dtype(model.dtype if cache_dtype is None else cache_dtype)
 
     # Under the model's mesh (if any), so the activation and cache constraints apply.
     mesh = sharding.mesh_of(state)
-    if mesh is not None:
-        prefix_cache = None
-    distinct = layout.prompts
+    prefix_cache = _usable_prefix_cache(prefix_cache, mesh)
     with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
+        cache, stats = _prefill_rows(graphdef, state, layout, prefix_cache, rooms[0], cache_dtype)
         start = time.perf_counter()
-        reuse = None
-        if prefix_cache is not None:
-            prefix_cache.bind(state, jnp.dtype(cache_dtype))
-            reuse = prefix_cache_lib.plan_reuse(prefix_cache, distinct, layout)
-        _CALLS["prefill"] += 1
-        _CALLS["prefill_rows"] += layout.input_ids.shape[0]
-        input_ids = jnp.asarray(layout.input_ids)
-        mask = jnp.asarray(layout.mask)
-        row_source = jnp.asarray(layout.row_source)
-        if reuse is None:
-            prefill_tokens, reused_tokens = sum(len(p) - 1 for p in distinct), 0
-            cache = _prefill(
-                graphdef,
-                state,
-                input_ids,
-                mask,
-                None if layout.rows_are_prompts else row_source,
-                cache_len=width + rooms[0],
-                cache_dtype=jnp.dtype(cache_dtype),
-            )
-        else:
-            prefill_tokens, reused_tokens = int(reuse.suffix_mask.sum()), int(reuse.starts.sum())
-            cache = _prefill_extend(
-                graphdef,
-                state,
-                reuse.prefix_k,
-                reuse.prefix_v,
-                jnp.asarray(reuse.prefix_mask),
-                jnp.asarray(reuse.suffix_ids),
-                jnp.asarray(reuse.suffix_mask),
-                jnp.asarray(reuse.starts),
-                None if layout.rows_are_prompts else row_source,
-                cache_len=width + rooms[0],
-            )
-        jax.block_until_ready(cache)
-        prefilled = time.perf_counter()
-        _CALLS["prefill_tokens"] += prefill_tokens
-        _CALLS["reused_tokens"] += reused_tokens
-        stop_ids = np.full(MAX_STOP_IDS, -1, np.int32)
-        stop_ids[: len(stop_token_ids)] = stop_token_ids
-        # Without a penalty the carry has no seen-token mask and the decode program none.
-        carry = _start(
-            cache,
-            jnp.asarray(layout.last_tokens),
-            jnp.asarray(layout.active),
-            *((input_ids, mask, row_source) if penalise else ()),
-            buffer_len=buffer_len,
-            vocab_size=config.vocab_size,
-        )
-        settings = (
-            jnp.int32(width),
-            jnp.asarray(layout.prompt_lens),
-            jnp.asarray(_padded(temperature, rows, 0.0)),
-            jnp.asarray(_padded(top_k, rows, 0)),
-            jnp.asarray(_padded(top_p, rows, 1.0)),
-            jnp.asarray(stop_ids),
-            jnp.int32(max_new_tokens),
-            jnp.asarray(_uniforms(seed, rows, buffer_len)),
-            *((jnp.asarray(_padded(repetition_penalty, rows, 1.0)),) if penalise else ()),
-        )
-        _CALLS["decode"] += 1
-        # One decode call per cache length: the cache grows only while some row needs it.
-        for segment, room in enumerate(rooms):
-            if segment:
-                if bool(jnp.all(carry["done"])):
-                    break
-                carry = _grow(carry, cache_len=width + room)
-            _CALLS["decode_segments"] += 1
-            carry = _decode(graphdef, state, carry, *settings, max_top_k=max_top_k)
+        settings = settings_lib.decode_settings(
+            layout, per_row, stop_token_ids=stop_token_ids, max_new_tokens=max_new_tokens,
+            seed=seed, buffer_len=buffer_len, max_top_k=max_top_k, automaton=automaton,
+            starts=starts,
+        )  # fmt: skip
+        carry = _decode_rows(graphdef, state, cache, layout, settings, rooms, model.config)
         results = [carry[k] for k in ("tokens", "logprobs", "plain", "lengths", "stopped")]
     tokens, logprobs, plain, lengths, stopped = (np.asarray(x) for x in results)
-    decoded = time.perf_counter()
+    stats["decode_seconds"] = time.perf_counter() - start
     if prefix_cache is not None:
-        prefix_cache_lib.store_rows(
-            prefix_cache, carry["cache"], layout, distinct, width, tokens, lengths
-        )
+        prefix_cache.store_rows(carry["cache"], layout, tokens, lengths)
     return _assemble(
-        tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings,
-        prefill_seconds=prefilled - start, decode_seconds=decoded - prefilled,
-        prefill_tokens=prefill_tokens, reused_tokens=reused_tokens,
-    )  # fmt: skip
+        tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings, **stats
+    )
 
 
 def _assemble(

@@ -108,24 +108,16 @@ def examples(
 ) -> list[SFTExample]:
     """Token pairs: the chat template of `messages` with the generation prompt -> `completion` + end of turn."""
     end = trainer.end_of_turn_id(tokenizer)
-    out = []
-    for pair in pairs:
-        ids = tokenizer.apply_chat_template(
-            list(pair["messages"]),
-            add_generation_prompt=True,
-            tokenize=True,
+    return [
+        trainer.make_example(
+            tokenizer,
+            pair["messages"],
+            pair["completion"],
+            end=end,
             enable_thinking=enable_thinking,
         )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        completion = tokenizer.encode(pair["completion"], add_special_tokens=False)
-        out.append(
-            SFTExample(
-                prompt_ids=[int(i) for i in ids],
-                completion_ids=[int(i) for i in completion] + [end],
-            )
-        )
-    return out
+        for pair in pairs
+    ]
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -133,16 +125,6 @@ def _nll_sums(graphdef, loss: trainer.NLLLoss, base, lora, batch):
     """(sum of token NLL, number of tokens) of a batch under the base plus `lora`."""
     loss_sum, denominator, _ = loss(nnx.merge(graphdef, lora, base), batch)
     return loss_sum, denominator
-
-
-def _batches(items: Sequence[SFTExample], config: SFTConfig, pad_id: int):
-    for start in range(0, len(items), config.batch_size):
-        yield trainer.make_sft_batch(
-            items[start : start + config.batch_size],
-            pad_to_multiple=config.pad_to_multiple,
-            rows_multiple=config.batch_size,
-            pad_id=pad_id,
-        )
 
 
 def _export(model, state, path: pathlib.Path, base_name: str) -> None:
@@ -228,7 +210,7 @@ def train_adapter(
     )
     model, _ = models.load_hf(pathlib.Path(checkpoint_dir).expanduser(), dtype=dtype)
     lora.apply_lora(model, rank=config.lora_rank, alpha=config.lora_alpha, seed=sft.seed)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    pad = trainer.pad_id(tok)
     step_fn = trainer.make_sft_step(model, sft)
     graphdef, _, _ = step_lib.split_model(model)
     nll = functools.partial(
@@ -253,13 +235,13 @@ def train_adapter(
             epoch = len(history)
             order = np.random.default_rng([sft.seed, epoch]).permutation(len(train_ex))
             losses = []
-            for batch in _batches([train_ex[i] for i in order], sft, pad_id):
+            for batch in trainer.batches([train_ex[i] for i in order], sft, pad):
                 state, metrics = step_fn(state, batch)
                 losses.append(float(metrics["sft/loss"]))
             held = None
             if held_ex:
                 total, count = 0.0, 0.0
-                for batch in _batches(held_ex, sft, pad_id):
+                for batch in trainer.batches(held_ex, sft, pad):
                     s, n = nll(step_fn.base, state.lora, batch)
                     total, count = total + float(s), count + float(n)
                 held = total / max(count, 1.0)

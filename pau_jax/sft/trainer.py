@@ -15,7 +15,7 @@ full-batch gradient; only ``nnx.LoRAParam`` arrays move.
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -168,6 +168,36 @@ def _prompt_ids(tokenizer, messages: Sequence[dict], enable_thinking: bool) -> l
     return [int(i) for i in ids]
 
 
+def make_example(
+    tokenizer, messages: Sequence[dict], completion: str, *, end: int, enable_thinking: bool = False
+) -> SFTExample:
+    """One pair: the chat template of ``messages`` with the generation prompt -> ``completion`` + ``end``.
+
+    ``end`` is the end-of-turn id (``end_of_turn_id``), so the model learns to stop.
+    """
+    output = tokenizer.encode(completion, add_special_tokens=False)
+    return SFTExample(
+        prompt_ids=_prompt_ids(tokenizer, messages, enable_thinking),
+        completion_ids=[int(i) for i in output] + [end],
+    )
+
+
+def pad_id(tokenizer) -> int:
+    """The tokenizer's padding id, 0 when it has none (padding carries no loss and no attention)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def batches(examples: Sequence[SFTExample], config: SFTConfig, pad: int) -> Iterator[TokenBatch]:
+    """Batches of ``config.batch_size`` pairs in the given order; the last one padded with empty rows."""
+    for start in range(0, len(examples), config.batch_size):
+        yield make_sft_batch(
+            examples[start : start + config.batch_size],
+            pad_to_multiple=config.pad_to_multiple,
+            rows_multiple=config.batch_size,
+            pad_id=pad,
+        )
+
+
 def samples_from_records(
     records: Iterable[dict[str, Any]],
     tokenizer,
@@ -197,11 +227,13 @@ def samples_from_records(
                 raise ValueError(f"record {r} step {s} lacks 'messages' or 'output'")
             if skip_unparsed and not step.get("parse_ok", True):
                 continue
-            output = tokenizer.encode(step["output"], add_special_tokens=False)
             examples.append(
-                SFTExample(
-                    prompt_ids=_prompt_ids(tokenizer, step["messages"], enable_thinking),
-                    completion_ids=[int(i) for i in output] + [end],
+                make_example(
+                    tokenizer,
+                    step["messages"],
+                    step["output"],
+                    end=end,
+                    enable_thinking=enable_thinking,
                 )
             )
     return examples
@@ -245,21 +277,14 @@ def train_sft(
         raise ValueError(
             f"no training pair fits max_length={config.max_length} ({len(examples)} pairs)"
         )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad = pad_id(tokenizer)
     step_fn = make_sft_step(model, config)
     state = step_lib.init_state(model, config.optimizer())
     rng = np.random.default_rng(config.seed)
     history = []
     for epoch in range(config.epochs):
         order = rng.permutation(len(kept))
-        for start in range(0, len(order), config.batch_size):
-            chunk = [kept[i] for i in order[start : start + config.batch_size]]
-            batch = make_sft_batch(
-                chunk,
-                pad_to_multiple=config.pad_to_multiple,
-                rows_multiple=config.batch_size,
-                pad_id=pad_id,
-            )
+        for batch in batches([kept[i] for i in order], config, pad):
             state, metrics = step_fn(state, batch)
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             metrics.update(

@@ -7,8 +7,8 @@ specs (what the agent sees and the code that answers its calls) and references
     specs, references = tasks.load_tasks(tasks.DemoTasksConfig(), executor, EpisodeConfig())
 
 Training, distillation and evaluation all call ``load_tasks``; a new source is a
-config class here and a module that builds its specs and ``TaskReference``s
-(``docs/extending.md``).
+config class here with a ``load`` method, and a module that builds its specs and
+``TaskReference``s (``docs/extending.md``); ``load_tasks`` has no branch per source.
 """
 
 import dataclasses
@@ -24,6 +24,13 @@ class DemoTasksConfig:
     """The tasks embedded in `pau_jax.tasks.demo` (no dataset needed)."""
 
     limit: int | None = None
+
+    def load(self, executor, episode_config: EpisodeConfig):
+        """(episode specs, task id -> ``TaskReference``) of the first ``limit`` demo tasks."""
+        from pau_jax.tasks import demo
+
+        specs, references = demo.load(executor, episode_config)
+        return specs[: self.limit] if self.limit is not None else specs, references
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,12 +57,33 @@ class DatasetConfig:
     build_if_missing: bool = False
     manual_dir: str | None = None
 
+    def load(self, executor, episode_config: EpisodeConfig):
+        """(episode specs, task id -> ``TaskReference``) of the split's items (see ``load_tasks``)."""
+        from pau_jax.tasks import pau_dataset
+
+        if self.build_if_missing:
+            pau_dataset.ensure_built(self.data_dir, config=self.config, manual_dir=self.manual_dir)
+        records = pau_dataset.load_split(self.config, self.split, self.data_dir)
+        if self.sources is not None:
+            known = {r.source for r in records}
+            unknown = sorted(set(self.sources) - known)
+            if unknown:
+                raise ValueError(
+                    f"sources {unknown} are not in pau/{self.config} {self.split} "
+                    f"(it has {sorted(known)})"
+                )
+            records = [r for r in records if r.source in self.sources]
+        if self.limit is not None:
+            records = records[: self.limit]
+        return pau_dataset.from_records(records, episode_config)
+
 
 def load_tasks(source, executor, config: EpisodeConfig):
     """(episode specs, task id -> ``TaskReference``) of a task source.
 
     Args:
-      source: a ``DatasetConfig`` or ``DemoTasksConfig``.
+      source: a ``DatasetConfig`` or ``DemoTasksConfig`` (any config with
+        ``load(executor, episode_config) -> (specs, references)``).
       executor: the sandbox (the demo tasks compute their examples' outputs in it).
       config: the episode protocol (how shown examples are displayed).
 
@@ -64,29 +92,8 @@ def load_tasks(source, executor, config: EpisodeConfig):
       ValueError: ``sources`` names a benchmark the split does not have.
       FileNotFoundError: the split is not built.
     """
-    if isinstance(source, DemoTasksConfig):
-        from pau_jax.tasks import demo
-
-        specs, references = demo.load(executor, config)
-        return specs[: source.limit] if source.limit is not None else specs, references
-    if isinstance(source, DatasetConfig):
-        from pau_jax.tasks import pau_dataset
-
-        if source.build_if_missing:
-            pau_dataset.ensure_built(
-                source.data_dir, config=source.config, manual_dir=source.manual_dir
-            )
-        records = pau_dataset.load_split(source.config, source.split, source.data_dir)
-        if source.sources is not None:
-            known = {r.source for r in records}
-            unknown = sorted(set(source.sources) - known)
-            if unknown:
-                raise ValueError(
-                    f"sources {unknown} are not in pau/{source.config} {source.split} "
-                    f"(it has {sorted(known)})"
-                )
-            records = [r for r in records if r.source in source.sources]
-        if source.limit is not None:
-            records = records[: source.limit]
-        return pau_dataset.from_records(records, config)
-    raise TypeError(f"the task source must be a DatasetConfig or DemoTasksConfig, got {source!r}")
+    if not callable(getattr(source, "load", None)):
+        raise TypeError(
+            f"the task source must be a DatasetConfig or DemoTasksConfig, got {source!r}"
+        )
+    return source.load(executor, config)

@@ -21,6 +21,8 @@ from typing import Any
 
 from pau_jax import metrics_writer, parallel
 from pau_jax.models import lora
+from pau_jax.policy import backends
+from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB
 from pau_jax.training import artefacts
 from pau_jax.training import checkpoint as checkpoint_lib
 from pau_jax.training import step as step_lib
@@ -132,11 +134,16 @@ class Run:
         """Moves the actor into a layout (sampler or learner rules); seconds, 0 without a mesh."""
         return parallel.reshard(self.model, self.mesh, rules) if self.relayout else 0.0
 
-    def base_policy(self, sampling):
-        """The base model (same arrays, adapters zeroed, no copy) as a ``LocalPolicy``."""
+    def base_policy(self, sampling, *, prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB):
+        """The base model (same arrays, adapters zeroed, no copy) as a ``LocalPolicy``.
+
+        Its prefix cache holds ``prefix_cache_gib`` GiB (``policy.backends.prefix_cache``; 0: none).
+        """
         from pau_jax.policy.local import LocalPolicy
 
-        return LocalPolicy(step_lib.reference_model(self.model), self.tokenizer, sampling)
+        model = step_lib.reference_model(self.model)
+        cache = backends.prefix_cache(prefix_cache_gib)
+        return LocalPolicy(model, self.tokenizer, sampling, prefix_cache=cache)
 
     def finish(self, summary: dict) -> dict:
         """Closes the files, exports the adapters (PEFT) and writes summary.json, each atomically."""

@@ -168,6 +168,32 @@ def test_local_backend_tiny_checkpoint(tmp_path):
     assert result["runs"]["in_context"]["episodes"] == 2
     records = [json.loads(x) for x in _lines(tmp_path / "run" / "in_context_episodes.jsonl")]
     assert all(r["steps"][0]["output"] for r in records)
+    assert result["structured_decoding"] == "off"
+    assert "structured decoding" not in (tmp_path / "run" / "report.md").read_text()
+
+    # The structured-decoding switch: every input parses, and the run says it was on.
+    structured = backends.LocalBackendConfig(
+        checkpoint_dir=str(checkpoint),
+        sampling=SamplingConfig(max_new_tokens=40, structured="constrain_inputs"),
+    )
+    result = pipeline.evaluate(
+        run_dir=str(tmp_path / "structured"),
+        policy=structured,
+        dataset=DemoTasksConfig(limit=2),
+        episode_config=pipeline.EpisodeConfig(call_budget=2, max_steps=6),
+        **SCRIPTED,
+    )
+    assert result["structured_decoding"] == "constrain_inputs"
+    report = (tmp_path / "structured" / "report.md").read_text()
+    assert "agent structured decoding: constrain_inputs" in report
+    episodes = _lines(tmp_path / "structured" / "interactive_episodes.jsonl")
+    inputs = [
+        step
+        for r in map(json.loads, episodes)
+        for step in r["steps"]
+        if step["phase"] == "generate"
+    ]
+    assert len(inputs) == 4 and all(step["parse_ok"] for step in inputs), inputs
 
 
 def test_bad_arguments_are_clear(tmp_path):

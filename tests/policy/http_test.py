@@ -312,3 +312,31 @@ def test_a_request_extending_an_earlier_one_reuses_its_prefix(local_policy):
     assert reused >= 100  # the system prompt and the task, at least
     assert local_policy.last_stats["prefill_tokens"] < len(fresh.encode(second)) - reused + 1
     assert again == fresh([second])[0]
+
+
+def test_stop_strings_are_sent_and_end_the_reply_on_the_server(local_policy):
+    """A stop string the greedy reply contains: the served reply is the text before it."""
+    longer = dataclasses.replace(local_policy.sampling, max_new_tokens=24)
+    full = local_policy.complete(CONVERSATIONS[:1], longer)[0]
+    text = full.text
+    assert len(text) > 12
+    stop = text[6:9]
+    expected = text[: text.find(stop)]
+    cut = local_policy.complete(CONVERSATIONS[:1], longer, stop=[[stop]])[0]
+    assert cut.text == expected and cut.finish_reason == "stop"
+    # The sampler ended the row early: its tokens are a prefix of the full reply's.
+    assert len(cut.token_ids) < len(full.token_ids)
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
+    with PolicyServer(local_policy, model_name="tiny-qwen3", batch_wait_s=0.0) as s:
+        client = HTTPPolicy(
+            HTTPConfig(base_url=s.base_url, model="tiny-qwen3", max_tokens=24, stop=(stop, "\x00"))
+        )
+        assert client(CONVERSATIONS[:1]) == [expected]
+        plain = HTTPPolicy(HTTPConfig(base_url=s.base_url, model="tiny-qwen3", max_tokens=24))
+        assert plain(CONVERSATIONS[:1]) == [text]
+        for bad in (3, [""], ["x"] * 17):
+            body = {"messages": CONVERSATIONS[0], "stop": bad}
+            code, message = _post(s, json.dumps(body).encode())
+            assert code == 400 and "stop" in message, bad
+    with pytest.raises(ValueError, match="stop"):
+        HTTPConfig(stop="abc")

@@ -1,5 +1,6 @@
 """The AAC training loop: seeded task order, resume equal to an uninterrupted run, the gin runs."""
 
+import dataclasses
 import json
 import pathlib
 
@@ -10,7 +11,8 @@ import pytest
 import safetensors.numpy
 
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.policy.config import SamplingConfig
+from pau_jax.policy import backends
+from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig
 from pau_jax.rl import loop
 from pau_jax.rl.critic import CriticConfig
 from pau_jax.rl.grpo import GRPOConfig
@@ -77,6 +79,50 @@ def test_a_sampling_critic_gets_a_fresh_seed_every_step(tmp_path, monkeypatch):
     critic = CriticConfig(sampling=SamplingConfig(max_new_tokens=4, temperature=1.0))
     loop.train(run_dir=str(tmp_path), steps=2, **dict(TINY, critic_config=critic))
     assert seen == [loop.critic_seed(TINY["seed"], 0), loop.critic_seed(TINY["seed"], 1)]
+
+
+class _Stop(Exception):
+    """Ends a run at its first rollout."""
+
+
+@pytest.mark.parametrize(("actor_gib", "critic_gib"), [(2**-10, 0.0), (0.0, 2**-9)])
+def test_the_prefix_cache_settings_reach_the_actor_and_the_critic(
+    tmp_path, monkeypatch, actor_gib, critic_gib
+):
+    seen = {}
+
+    def spy(*args, actor, critic, **kwargs):
+        seen.update(actor=actor.__self__.prefix_cache, critic=critic.prefix_cache)
+        raise _Stop
+
+    monkeypatch.setattr(loop.rollout_lib, "collect", spy)
+    settings = dict(
+        TINY,
+        rollout_config=dataclasses.replace(TINY["rollout_config"], prefix_cache_gib=actor_gib),
+        critic_config=dataclasses.replace(TINY["critic_config"], prefix_cache_gib=critic_gib),
+    )
+    with pytest.raises(_Stop):
+        loop.train(run_dir=str(tmp_path), steps=1, **settings)
+    for role, gib in (("actor", actor_gib), ("critic", critic_gib)):
+        if gib == 0:
+            assert seen[role] is None, role
+        else:
+            assert seen[role].max_bytes == int(gib * 2**30), role
+
+
+def test_one_default_prefix_cache_budget_for_every_local_sampler():
+    local = backends.LocalBackendConfig(checkpoint_dir="unused")
+    assert (
+        RolloutConfig().prefix_cache_gib
+        == CriticConfig().prefix_cache_gib
+        == local.prefix_cache_gib
+        == DEFAULT_PREFIX_CACHE_GIB
+    )
+    assert backends.prefix_cache().max_bytes == int(DEFAULT_PREFIX_CACHE_GIB * 2**30)
+    assert backends.prefix_cache(0) is None
+    for make in (RolloutConfig, CriticConfig):
+        with pytest.raises(ValueError, match="prefix_cache_gib must be >= 0"):
+            make(prefix_cache_gib=-1.0)
 
 
 def _metrics(run_dir):
