@@ -7,6 +7,7 @@ value's type and each container's shape, so the example has the right arity and
 the right kinds of values without being a call the agent has already seen.
 """
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,3 +77,54 @@ def example_input(n_params: int, shown_args: Sequence[tuple] = ()) -> str:
         if len(args) == n_params:
             return _literal(perturb(tuple(args)))
     return _literal([_FALLBACK[i % len(_FALLBACK)] for i in range(n_params)])
+
+
+def _union(shapes: Sequence[tuple]) -> tuple:
+    distinct = sorted(set(shapes))
+    return distinct[0] if len(distinct) == 1 else ("alt", tuple(distinct))
+
+
+def value_shape(value: Any, depth: int = 2) -> tuple:
+    """A hashable descriptor of a value's type and container shape, for typed input grammars.
+
+    `("int",)`, `("float",)`, `("str",)`, `("bytes",)`, `("bool",)`, `("none",)`;
+    `("list" | "tuple" | "set", item)`, `("dict", key, value)` with the union
+    (`("alt", (...))`) of the items' shapes; `("any",)` for what has no literal (an
+    empty set, inf, other objects), an empty container's items, or below `depth`.
+    """
+    if isinstance(value, bool):
+        return ("bool",)
+    if isinstance(value, int):
+        return ("int",)
+    if isinstance(value, float):
+        return ("float",) if math.isfinite(value) else ("any",)
+    if isinstance(value, str):
+        return ("str",)
+    if isinstance(value, bytes):
+        return ("bytes",)
+    if value is None:
+        return ("none",)
+    if depth == 0:
+        return ("any",)
+    kinds = {list: "list", tuple: "tuple", set: "set", frozenset: "set"}
+    if type(value) in kinds:
+        if not value:
+            return ("any",) if kinds[type(value)] == "set" else (kinds[type(value)], ("any",))
+        return (kinds[type(value)], _union([value_shape(v, depth - 1) for v in value]))
+    if isinstance(value, dict):
+        if not value:
+            return ("dict", ("any",), ("any",))
+        keys = _union([value_shape(k, depth - 1) for k in value])
+        return ("dict", keys, _union([value_shape(v, depth - 1) for v in value.values()]))
+    return ("any",)
+
+
+def argument_shapes(n_params: int, shown_args: Sequence[tuple] = ()) -> tuple[tuple, ...]:
+    """Per argument, the union of its shapes over the shown examples of `n_params` arguments.
+
+    () when no shown example has `n_params` arguments (the grammar then takes any literal).
+    """
+    examples = [args for args in shown_args if len(args) == n_params]
+    if not examples or n_params == 0:
+        return ()
+    return tuple(_union([value_shape(args[i]) for args in examples]) for i in range(n_params))

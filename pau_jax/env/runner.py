@@ -218,7 +218,7 @@ def run_episode_states(
             order = list(active)
             conversations = [episode.messages(active[e], config) for e in order]
             if takes_answers:  # structured decoding
-                answers = [episode.answer_shape(active[e]) for e in order]
+                answers = [episode.answer_shape(active[e], config) for e in order]
                 outputs = policy(conversations, answers=answers)
             else:
                 outputs = policy(conversations)

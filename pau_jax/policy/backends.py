@@ -208,8 +208,17 @@ def same_model(seat, policy) -> bool:
 
 
 def structured_decoding(backend) -> str:
-    """The backend's `SamplingConfig.structured` ('off' for backends without one)."""
-    return getattr(getattr(backend, "sampling", None), "structured", "off")
+    """The backend's `SamplingConfig.structured` ('off' for backends without one), with
+    its `resample_repeats` when set."""
+    sampling = getattr(backend, "sampling", None)
+    mode = getattr(sampling, "structured", "off")
+    repeats = getattr(sampling, "resample_repeats", 0)
+    if repeats:
+        mode += (
+            f"; repeated inputs redrawn up to {repeats} times at temperature "
+            f"{sampling.resample_temperature:g}"
+        )
+    return mode
 
 
 def describe(backend) -> str:

@@ -13,7 +13,7 @@ import math
 DEFAULT_PREFIX_CACHE_GIB = 2.0
 
 # `SamplingConfig.structured`: structured decoding of the agent's replies (off: the paper).
-STRUCTURED = ("off", "end_at_answer", "constrain_inputs")
+STRUCTURED = ("off", "end_at_answer", "constrain_inputs", "typed_inputs")
 
 
 def check_prefix_cache_gib(owner: str, gib: float) -> None:
@@ -48,8 +48,15 @@ class SamplingConfig:
         token that completes its first `Decision: CONTINUE|STOP` label (the parser reads
         the same decision unless a reply holds several); 'constrain_inputs': that, and
         an input reply is masked, token by token, to a fenced Python literal tuple of
-        the function's arity (`sampling.input_grammar`), ending with its closing fence.
-        Not with `enable_thinking`.
+        the function's arity (`sampling.input_grammar`), ending with its closing fence;
+        'typed_inputs': as 'constrain_inputs', each argument also shaped like the values
+        at its position in the shown examples (`env.input_example.argument_shapes`: an
+        int stays an int, a list of str a list of str). Not with `enable_thinking`.
+      resample_repeats: up to this many more draws for an input reply whose arguments
+        repeat a shown example or an earlier call (`env.episode.AnswerShape.repeats`), each
+        at `resample_temperature` (a greedy policy would repeat itself); the last draw is
+        kept. 0 (default, the paper): none. A local policy only; evaluation only.
+      resample_temperature: the temperature of those draws (> 0).
     """
 
     max_new_tokens: int = 512
@@ -61,8 +68,15 @@ class SamplingConfig:
     seed: int = 0
     enable_thinking: bool = False
     structured: str = "off"
+    resample_repeats: int = 0
+    resample_temperature: float = 1.0
 
     def __post_init__(self):
+        if self.resample_repeats < 0 or not self.resample_temperature > 0:
+            raise ValueError(
+                "resample_repeats must be >= 0 and resample_temperature > 0, got "
+                f"{self.resample_repeats} and {self.resample_temperature}"
+            )
         if self.structured not in STRUCTURED:
             raise ValueError(f"structured must be one of {STRUCTURED}, got {self.structured!r}")
         if self.structured != "off" and self.enable_thinking:

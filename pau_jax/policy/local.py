@@ -37,6 +37,12 @@ class Completion:
     logprobs: tuple[float, ...] = ()
 
 
+# Redraw n of call seed k uses seed k + n * stride (clear of the next calls' seeds).
+_RETRY_SEED_STRIDE = 1_000_003
+
+# `SamplingConfig.structured` modes that mask input replies.
+_MASKED = ("constrain_inputs", "typed_inputs")
+
 # End-of-turn / end-of-text tokens of the supported chat formats (Qwen, Llama 3).
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
 
@@ -86,12 +92,13 @@ class LocalPolicy:
     @property
     def takes_answers(self) -> bool:
         """Whether the episode runner should pass each reply's answer shape (structured decoding)."""
-        return self.sampling.structured != "off"
+        return self.sampling.structured != "off" or self.sampling.resample_repeats > 0
 
     def _automaton(self, answers, stops, keep, structured: str):
         """(automaton, per-row starts) for the kept rows, or (None, None) when no row needs one.
 
-        A row follows the input grammar of its arity ('constrain_inputs', an input shape),
+        A row follows the input grammar of its arity ('constrain_inputs'; 'typed_inputs'
+        with its arguments' shapes; an input shape),
         the revision detector ('end_at_answer' or 'constrain_inputs', a decision shape; with
         the row's stop strings too), or a stop-string detector (stop strings alone).
         """
@@ -99,8 +106,9 @@ class LocalPolicy:
         for i in keep:
             shape = answers[i] if answers is not None and structured != "off" else None
             row_stop = tuple(stops[i]) if stops is not None else ()
-            if shape is not None and shape.kind == "input" and structured == "constrain_inputs":
-                components[i] = constraint.Component("input", arity=shape.arity, wrapper="fence")
+            if shape is not None and shape.kind == "input" and structured in _MASKED:
+                typed = shape.shapes if structured == "typed_inputs" else ()
+                components[i] = constraint.Component("input", arity=shape.arity, shapes=typed)
             elif shape is not None and shape.kind == "decision":
                 components[i] = constraint.Component("decision", stop=row_stop)
             elif row_stop:
@@ -153,7 +161,8 @@ class LocalPolicy:
           repetition_penalties: one penalty per conversation, replacing
             `sampling.repetition_penalty` (rows of one batch may differ).
           answers: one `env.episode.AnswerShape` (or None) per conversation: what its
-            reply must hold, used when `sampling.structured` is not 'off'.
+            reply must hold, used when `sampling.structured` is not 'off', and which
+            arguments it must not repeat (`sampling.resample_repeats`).
           stop: per conversation, strings that end its reply (OpenAI/vLLM `stop`): the
             sampler ends the row with the token that completes the first one, and the text
             is cut before it (finish reason 'stop'; `token_ids` keep that last token).
@@ -202,36 +211,52 @@ class LocalPolicy:
         }
         if not keep:
             return completions
-        automaton, starts = self._automaton(answers, stop, keep, s.structured)
+        penalties = [float(p) for p in repetition_penalties]
+        drawn = self._sample(prompts, keep, s, seed, penalties, answers, stop)
+        for attempt in range(s.resample_repeats if answers is not None else 0):
+            redo = [i for i in keep if answers[i] is not None and answers[i].repeats(drawn[i].text)]
+            if not redo:
+                break
+            again = dataclasses.replace(s, temperature=s.resample_temperature)
+            retry_seed = seed + (attempt + 1) * _RETRY_SEED_STRIDE
+            drawn.update(self._sample(prompts, redo, again, retry_seed, penalties, answers, stop))
+            self.last_stats["redrawn"] = self.last_stats.get("redrawn", 0.0) + len(redo)
+        for i, completion in drawn.items():
+            completions[i] = completion
+        return completions
+
+    def _sample(self, prompts, rows, s: SamplingConfig, seed, penalties, answers, stop) -> dict:
+        """One sampler call for `rows` of `prompts`: their `Completion`s by row, stats added up."""
+        automaton, starts = self._automaton(answers, stop, rows, s.structured)
         out = generate(
             self.model,
-            [prompts[i] for i in keep],
+            [prompts[i] for i in rows],
             max_new_tokens=s.max_new_tokens,
             temperature=s.temperature,
             top_k=s.top_k,
             top_p=s.top_p,
-            repetition_penalty=[float(repetition_penalties[i]) for i in keep],
+            repetition_penalty=[penalties[i] for i in rows],
             stop_token_ids=self.stop_token_ids,
             seed=seed,
             prefix_cache=self.prefix_cache,
             automaton=automaton,
             automaton_starts=starts,
         )
-        self.last_stats.update(
-            prefill_tokens=float(out.prefill_tokens),
-            reused_tokens=float(out.reused_tokens),
-            generated_tokens=float(np.sum(out.lengths)),
-            prefill_seconds=out.prefill_seconds,
-            decode_seconds=out.decode_seconds,
-        )
+        stats = self.last_stats
+        stats["prefill_tokens"] += float(out.prefill_tokens)
+        stats["reused_tokens"] += float(out.reused_tokens)
+        stats["generated_tokens"] += float(np.sum(out.lengths))
+        stats["prefill_seconds"] += out.prefill_seconds
+        stats["decode_seconds"] += out.decode_seconds
+        drawn = {}
         for i, ids, logprobs, reason in zip(
-            keep, out.tokens, out.plain_logprobs, out.finish_reasons, strict=True
+            rows, out.tokens, out.plain_logprobs, out.finish_reasons, strict=True
         ):
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             cut = [text.find(x) for x in (stop[i] if stop is not None else ())]
             if any(at >= 0 for at in cut):
                 text, reason = text[: min(at for at in cut if at >= 0)], "stop"
-            completions[i] = Completion(
+            drawn[i] = Completion(
                 text=text,
                 finish_reason=reason,
                 prompt_tokens=len(prompts[i]),
@@ -240,7 +265,7 @@ class LocalPolicy:
                 token_ids=tuple(int(t) for t in ids),
                 logprobs=tuple(float(x) for x in logprobs),
             )
-        return completions
+        return drawn
 
     def __call__(self, conversations: Sequence[Sequence[dict]], answers=None) -> list[str]:
         return [c.text for c in self.complete(conversations, answers=answers)]

@@ -60,11 +60,17 @@ class RolloutConfig:
             )
         if self.sampling.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.sampling.max_new_tokens}")
-        if self.sampling.structured == "constrain_inputs":
+        if self.sampling.structured in ("constrain_inputs", "typed_inputs"):
             raise ValueError(
-                "RolloutConfig.sampling.structured='constrain_inputs' is for evaluation only: "
+                f"RolloutConfig.sampling.structured={self.sampling.structured!r} is for "
+                "evaluation only: "
                 "the learner scores tokens under the unmasked policy, so masked rollouts would "
                 "bias the GRPO ratio and KL (docs/reproducing.md); use 'end_at_answer' or 'off'"
+            )
+        if self.sampling.resample_repeats:
+            raise ValueError(
+                "RolloutConfig.sampling.resample_repeats is for evaluation only: a redrawn "
+                "reply is not a sample of the policy the learner scores; set it to 0"
             )
         if self.sampling.temperature <= 0:
             raise ValueError(

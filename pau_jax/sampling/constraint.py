@@ -106,8 +106,8 @@ def vocabulary(tokenizer) -> list[bytes | None]:
 class Component:
     """One part of an automaton: an input grammar (masked) or a detector.
 
-    'input': `input_grammar.grammar(arity, wrapper, depth)`, masked (only tokens that keep
-    the reply in the grammar are allowed). 'decision' and 'stop' are detectors: every token
+    'input': `input_grammar.grammar(arity, wrapper, depth, shapes)`, masked (only tokens
+    that keep the reply in the grammar are allowed). 'decision' and 'stop' are detectors: every token
     is allowed (special ones too) and the state only tells when the reply is complete:
     'decision' at its first revision label (`input_grammar.decision_grammar()`) or at any
     of `stop`, 'stop' at the first of the strings `stop` (as a server's stop strings).
@@ -118,6 +118,7 @@ class Component:
     wrapper: str = "fence"
     depth: int = 2
     stop: tuple[str, ...] = ()
+    shapes: tuple = ()  # 'input': one shape per argument (`input_grammar.grammar`), or any
 
     def __post_init__(self):
         if self.kind not in ("input", "decision", "stop"):
@@ -231,7 +232,9 @@ def _distances(next_state: np.ndarray, accepting: np.ndarray) -> np.ndarray:
 def _byte_dfa(component: Component) -> tuple[input_grammar.ByteDFA, bool]:
     """The component's byte DFA and whether it is a detector (its accepting states absorb)."""
     if component.kind == "input":
-        grammar = input_grammar.grammar(component.arity, component.wrapper, component.depth)
+        grammar = input_grammar.grammar(
+            component.arity, component.wrapper, component.depth, component.shapes
+        )
         return input_grammar.compile_dfa(grammar), False
     parts = [input_grammar.decision_grammar()] if component.kind == "decision" else []
     if component.stop:

@@ -87,24 +87,19 @@ def _quoted(quote: bytes, unicode: bool) -> tuple:
 
 
 _NATURAL = _alt(_lit(b"0"), _seq(_set(b"123456789"), _star(_DIGIT)))
-_SCALAR = _alt(
-    _seq(_opt(_lit(b"-")), _NATURAL),
-    _seq(
-        _opt(_lit(b"-")),
-        _NATURAL,
-        _lit(b"."),
-        _DIGIT,
-        _star(_DIGIT),
-        _opt(_seq(_set(b"eE"), _opt(_set(b"+-")), _DIGIT, _star(_DIGIT))),
-    ),
-    _quoted(b"'", True),
-    _quoted(b'"', True),
-    _seq(_lit(b"b"), _quoted(b"'", False)),
-    _seq(_lit(b"b"), _quoted(b'"', False)),
-    _lit(b"True"),
-    _lit(b"False"),
-    _lit(b"None"),
+_INT = _seq(_opt(_lit(b"-")), _NATURAL)
+_FLOAT = _seq(
+    _opt(_lit(b"-")),
+    _NATURAL,
+    _lit(b"."),
+    _DIGIT,
+    _star(_DIGIT),
+    _opt(_seq(_set(b"eE"), _opt(_set(b"+-")), _DIGIT, _star(_DIGIT))),
 )
+_STR = _alt(_quoted(b"'", True), _quoted(b'"', True))
+_BYTES = _alt(_seq(_lit(b"b"), _quoted(b"'", False)), _seq(_lit(b"b"), _quoted(b'"', False)))
+_BOOL = _alt(_lit(b"True"), _lit(b"False"))
+_SCALAR = _alt(_INT, _FLOAT, _STR, _BYTES, _BOOL, _lit(b"None"))
 
 
 def _items(item) -> tuple:
@@ -132,20 +127,69 @@ def _value(depth: int, one_tuple: bool = True) -> tuple:
     )
 
 
-def grammar(arity: int, wrapper: str = "fence", depth: int = 2) -> tuple:
+def _tuple_of(item) -> tuple:
+    """A tuple literal of `item`s: `()`, `(x,)` or `(x, y, ...)`."""
+    return _seq(
+        _lit(b"("), _opt(_seq(item, _lit(b","), _opt(_seq(_lit(b" "), _items(item))))), _lit(b")")
+    )
+
+
+def _hashable(shape: tuple) -> tuple:
+    """A set item or dict key: the shape itself, or any scalar where the shape is unknown."""
+    return _SCALAR if shape[0] == "any" else _shaped(shape)
+
+
+def _shaped(shape: tuple) -> tuple:
+    """The literals of one argument shape (`env.input_example.value_shape`)."""
+    kind = shape[0]
+    scalars = {
+        "bool": _BOOL,
+        "int": _INT,
+        "float": _alt(_INT, _FLOAT),
+        "str": _STR,
+        "bytes": _BYTES,
+        "none": _lit(b"None"),
+    }
+    if kind in scalars:
+        return scalars[kind]
+    if kind == "list":
+        return _seq(_lit(b"["), _opt(_items(_shaped(shape[1]))), _lit(b"]"))
+    if kind == "tuple":
+        return _tuple_of(_shaped(shape[1]))
+    if kind == "set":
+        return _seq(_lit(b"{"), _items(_hashable(shape[1])), _lit(b"}"))
+    if kind == "dict":
+        pair = _seq(_hashable(shape[1]), _COLON, _shaped(shape[2]))
+        return _seq(_lit(b"{"), _opt(_items(pair)), _lit(b"}"))
+    if kind == "alt":
+        return _alt(*(_shaped(s) for s in shape[1]))
+    if kind == "any":
+        return _value(1)
+    raise ValueError(f"unknown argument shape {shape!r}")
+
+
+def grammar(arity: int, wrapper: str = "fence", depth: int = 2, shapes: tuple = ()) -> tuple:
     """The reply's grammar: `arity` literals as a tuple (`(x,)` for one) inside `wrapper`.
 
     'fence' (what `env.prompts.generate_messages` asks for): "```\\n(1, 'a')\\n```";
     'input_line': "Input: (1, 'a')"; 'call': "```python\\ntest_func(1, 'a')\\n```"
     (read only by the lenient parser; at arity 1 its argument is never a 1-tuple, which
     the parser would read as the arguments themselves).
+
+    With `shapes` (one per argument, `env.input_example.value_shape` descriptors, as
+    `argument_shapes` derives from the shown examples), each argument is a literal of its
+    shape instead of any literal ('fence' and 'input_line' only).
     """
     if wrapper not in WRAPPERS:
         raise ValueError(f"wrapper must be one of {WRAPPERS}, got {wrapper!r}")
     if arity < 0 or depth < 0:
         raise ValueError(f"arity and depth must be >= 0, got {arity} and {depth}")
     # `test_func((x,))` is read as the call `test_func(x)` (`sandbox.args.parse_call_args`).
+    if shapes and (len(shapes) != arity or wrapper == "call"):
+        raise ValueError(f"shapes need one per argument ({arity}) and a 'fence' or 'input_line'")
     args = [_value(depth, one_tuple=arity != 1 or wrapper != "call")] * arity
+    if shapes:
+        args = [_shaped(shape) for shape in shapes]
     inner = [args[0]] + [_seq(_SEP, a) for a in args[1:]] if args else []
     trailing = [_lit(b",")] if arity == 1 and wrapper != "call" else []
     call = _seq(_lit(b"("), *inner, *trailing, _lit(b")"))

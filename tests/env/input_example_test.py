@@ -40,3 +40,18 @@ def test_without_examples_the_arity_still_holds():
         assert len(parse_call_args(input_example.example_input(n), n)) == n
     # An example of another arity (a malformed record) is not used.
     assert input_example.example_input(2, ((1,),)) == "(3, 'abc')"
+
+
+def test_value_shapes_name_types_and_container_items():
+    shape = input_example.value_shape
+    assert shape(True) == ("bool",) and shape(3) == ("int",) and shape(2.5) == ("float",)
+    assert shape("a") == ("str",) and shape(b"a") == ("bytes",) and shape(None) == ("none",)
+    assert shape(float("inf")) == ("any",) and shape(set()) == ("any",)
+    assert shape([1, 2]) == ("list", ("int",))
+    assert shape([1, "a"]) == ("list", ("alt", (("int",), ("str",))))
+    assert shape((1, [2])) == ("tuple", ("alt", (("int",), ("list", ("int",)))))
+    assert shape({"k": [1.5]}) == ("dict", ("str",), ("list", ("float",)))
+    assert shape([]) == ("list", ("any",)) and shape([[[1]]]) == ("list", ("list", ("any",)))
+    shapes = input_example.argument_shapes(2, [([1], "a"), ([], "b"), (3,)])
+    assert shapes == (("alt", (("list", ("any",)), ("list", ("int",)))), ("str",))
+    assert input_example.argument_shapes(2, [(1,)]) == ()

@@ -110,6 +110,53 @@ def test_every_constrained_reply_parses_with_its_arity(tiny_model):
     assert not bad, bad[:5]
 
 
+def _fits(value, shape) -> bool:
+    """Whether `value` is a literal of `shape` (an `input_example.value_shape` descriptor)."""
+    kind = shape[0]
+    if kind == "any":
+        return True
+    if kind == "alt":
+        return any(_fits(value, s) for s in shape[1])
+    if kind == "float":
+        return type(value) in (int, float)
+    scalar = {"bool": bool, "int": int, "str": str, "bytes": bytes, "none": type(None)}
+    if kind in scalar:
+        return type(value) is scalar[kind]
+    if kind in ("list", "tuple", "set"):
+        return type(value) is {"list": list, "tuple": tuple, "set": set}[kind] and all(
+            _fits(v, shape[1]) for v in value
+        )
+    return type(value) is dict and all(
+        _fits(k, shape[1]) and _fits(v, shape[2]) for k, v in value.items()
+    )
+
+
+SHAPED = {
+    1: (("list", ("int",)),),
+    2: (("str",), ("alt", (("none",), ("float",)))),
+    3: (("dict", ("str",), ("list", ("bool",))), ("tuple", ("int",)), ("bytes",)),
+}
+
+
+def test_typed_replies_parse_with_each_argument_of_its_shape(tiny_model):
+    """256 sampled replies under typed grammars: arities 1-3, each argument of its shape."""
+    components = [constraint.Component("input", arity=k, shapes=SHAPED[k]) for k in (1, 2, 3)]
+    automaton = _build(*components)
+    arities = [1, 2, 3, 3]
+    out = generate(
+        tiny_model, PROMPTS, max_new_tokens=64, temperature=1.0, n_samples=64, seed=5,
+        automaton=automaton, automaton_starts=[automaton.starts[k - 1] for k in arities],
+        stop_token_ids=[STOP],
+    )  # fmt: skip
+    bad = []
+    for row, ids in enumerate(out.tokens):
+        arity, text = arities[row // 64], _text(ids)
+        _, args, _ = episode._parse_input(text, arity, EpisodeConfig())
+        if args is None or not all(map(_fits, args, SHAPED[arity])):
+            bad.append((arity, text, out.finish_reasons[row]))
+    assert len(out.tokens) == 256 and not bad, bad[:5]
+
+
 def _masked_reference(automaton, states, row_logits, remaining):
     """NumPy: log-softmax over the tokens the grammar allows and the budget leaves room for."""
     a = jax.tree.map(np.asarray, automaton)
