@@ -241,7 +241,20 @@ class TrainStep:
         out_shardings=None,
         mesh: jax.sharding.Mesh | None = None,
     ):
-        """The jitted update of ``model``'s adapters under ``loss_fn`` (``make_train_step``)."""
+        """The jitted update of ``model``'s adapters under ``loss_fn`` (``make_train_step``).
+
+        Args:
+          loss_fn: hashable ``loss_fn(model, batch) -> (loss_sum, denominator, stats)``
+            with a ``metrics(loss_sum, denominator, stats)`` method (a frozen dataclass).
+          optimizer: the optimizer's config (or an algorithm's config that extends it).
+          model: a model with LoRA adapters.
+          micro_batch_size: rows per micro-batch; None = the whole batch at once.
+          in_shardings: optional shardings of ``(base, state, batch)`` for ``jax.jit``;
+            None lets jit follow the inputs (``parallel.train_step_shardings`` gives all three).
+          out_shardings: optional shardings of ``(state, metrics)``.
+          mesh: optional mesh made current while tracing, so the model's activation
+            sharding constraints apply.
+        """
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
         graphdef, _, self.base = split_model(model)
@@ -276,39 +289,6 @@ class TrainStep:
             return self.jitted(self.base, state, batch)
 
 
-def make_train_step(
-    loss_fn: Callable,
-    optimizer: OptimizerConfig,
-    *,
-    model: nnx.Module,
-    micro_batch_size: int | None = None,
-    in_shardings=None,
-    out_shardings=None,
-    mesh: jax.sharding.Mesh | None = None,
-) -> TrainStep:
-    """The compiled update ``train_step(state, batch) -> (state, metrics)`` of ``model``'s adapters.
-
-    Args:
-      loss_fn: hashable ``loss_fn(model, batch) -> (loss_sum, denominator, stats)``
-        with a ``metrics(loss_sum, denominator, stats)`` method (a frozen dataclass).
-      optimizer: the optimizer's config (or an algorithm's config that extends it).
-      model: a model with LoRA adapters.
-      micro_batch_size: rows per micro-batch; None = the whole batch at once.
-      in_shardings: optional shardings of ``(base, state, batch)`` for ``jax.jit``;
-        None lets jit follow the inputs (``parallel.train_step_shardings`` gives all three).
-      out_shardings: optional shardings of ``(state, metrics)``.
-      mesh: optional mesh made current while tracing, so the model's activation
-        sharding constraints apply.
-
-    Returns:
-      A ``TrainStep``: call it, or ``.lower(state, batch)`` it for memory analysis.
-    """
-    return TrainStep(
-        loss_fn,
-        optimizer,
-        model=model,
-        micro_batch_size=micro_batch_size,
-        in_shardings=in_shardings,
-        out_shardings=out_shardings,
-        mesh=mesh,
-    )
+# The compiled update ``train_step(state, batch) -> (state, metrics)`` of a model's adapters:
+# call it, or ``.lower(state, batch)`` it for memory analysis (arguments: ``TrainStep``).
+make_train_step = TrainStep
