@@ -78,19 +78,11 @@ from pau_jax.training import checkpoint as checkpoint_lib  # noqa: E402
 from pau_jax.training.run import ActorConfig  # noqa: E402
 
 SMOLLM2 = "~/.cache/pau_jax/smollm2-135m-instruct"
-TINY = dict(
-    vocab_size=151936,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=16,
-    rms_norm_eps=1e-6,
-    rope_theta=1e6,
-    tie_word_embeddings=True,
-    max_position_embeddings=4096,
-)
+TINY = dict(  # `--checkpoint tiny`: a 1-layer random Qwen3 over the real vocabulary
+    vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
+    rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=4096,
+)  # fmt: skip
 TRAINED = ("process_grpo", "return_to_go")
 CONTROL = "control"
 RUNS = (*TRAINED, CONTROL)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig
-from pau_jax.sampling import constraint, generate
+from pau_jax.sampling import constraint, generate, output
 from pau_jax.sampling.prefix_cache import PrefixCache
 
 
@@ -87,7 +87,7 @@ class LocalPolicy:
             if token in vocab:
                 stop.add(int(vocab[token]))
         self.stop_token_ids = tuple(sorted(t for t in stop if t is not None))
-        self._vocab: list[bytes | None] | None = None  # token bytes, for structured decoding
+        self._vocab: constraint.Vocabulary | None = None  # token bytes, for structured decoding
 
     @property
     def takes_answers(self) -> bool:
@@ -253,9 +253,9 @@ class LocalPolicy:
             rows, out.tokens, out.plain_logprobs, out.finish_reasons, strict=True
         ):
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            cut = [text.find(x) for x in (stop[i] if stop is not None else ())]
-            if any(at >= 0 for at in cut):
-                text, reason = text[: min(at for at in cut if at >= 0)], "stop"
+            at = output.stop_position(text, stop[i]) if stop is not None else -1
+            if at >= 0:  # the sampler ended the row on the stop string; cut the text before it
+                text, reason = text[:at], "stop"
             drawn[i] = Completion(
                 text=text,
                 finish_reason=reason,

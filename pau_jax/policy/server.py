@@ -9,9 +9,10 @@ thread drains the queue (up to `max_batch` requests, waiting at most
 group as one batch. Requests that differ only in `repetition_penalty` (an extra
 parameter, as in vLLM and SGLang; Hugging Face semantics, > 0, 1 for none) or in
 `stop` (a string or a list; the reply ends before the first, found by the sampler on
-the device, as `LocalPolicy.complete`'s `stop`) share a batch, each row with its own. Any client of the OpenAI chat API can then
-use a local model as judge, coder, teacher or policy, and any client of the
-embeddings API (e.g. `policy.embeddings.HTTPEmbedder`) a local embedding model.
+the device, as `LocalPolicy.complete`'s `stop`) share a batch, each row with its own.
+Any client of the OpenAI chat API can then use a local model as judge, coder, teacher
+or policy, and any client of the embeddings API (e.g. `policy.embeddings.HTTPEmbedder`)
+a local embedding model.
 
     server = PolicyServer(local_policy, model_name="qwen3-local",
                           embedder=local_embedder, embedding_model_name="qwen3-embedding")
@@ -33,8 +34,6 @@ import uuid
 from pau_jax.policy.local import LocalPolicy
 
 MAX_EMBEDDING_INPUTS = 2048
-
-
 MAX_STOP_STRINGS = 16
 
 

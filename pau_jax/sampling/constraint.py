@@ -43,7 +43,7 @@ WRAPPERS = input_grammar.WRAPPERS
 )
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TokenAutomaton:
-    """The token-level tables (NumPy on the host; `jax.device_put` it for the device)."""
+    """The token-level tables, as device arrays (`build_components` puts them there once)."""
 
     token_class: np.ndarray | jax.Array  # [V] int32
     next_state: np.ndarray | jax.Array  # [S + 2, C] int16 (int32 if S is large), -1: not allowed
@@ -78,7 +78,31 @@ def _byte_alphabet() -> dict[str, int]:
     return out
 
 
-def vocabulary(tokenizer) -> list[bytes | None]:
+class Vocabulary:
+    """Each token id's bytes (None: never allowed), with a fingerprint computed once.
+
+    Automata are cached per fingerprint, so a policy that keeps its `Vocabulary` looks
+    them up without hashing 150k tokens on every call.
+    """
+
+    def __init__(self, pieces: Sequence[bytes | None]):
+        self.pieces = tuple(pieces)
+        digest = hashlib.sha1()
+        for piece in self.pieces:
+            digest.update(b"\xff" if piece is None else len(piece).to_bytes(4, "little") + piece)
+        self.fingerprint = digest.hexdigest()
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Vocabulary) and other.fingerprint == self.fingerprint
+
+
+def vocabulary(tokenizer) -> Vocabulary:
     """Each token id's bytes (None for added/special tokens), for a Hugging Face tokenizer.
 
     Byte-level BPE tokens (GPT-2 / Qwen) are mapped back through the byte alphabet;
@@ -99,7 +123,7 @@ def vocabulary(tokenizer) -> list[bytes | None]:
             out.append(bytes([int(piece[3:5], 16)]))
         else:
             out.append(piece.replace("\u2581", " ").encode())
-    return out
+    return Vocabulary(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +161,7 @@ DECISION = Component("decision")
 
 
 def build(
-    vocab: Sequence[bytes | None],
+    vocab: Vocabulary | Sequence[bytes | None],
     stop_ids: Sequence[int],
     *,
     arity: int,
@@ -148,7 +172,8 @@ def build(
     """The token automaton of `input_grammar.grammar(arity, wrapper, depth)` over `vocab` (cached).
 
     Args:
-      vocab: each token id's bytes; None for tokens never allowed (special tokens).
+      vocab: a `Vocabulary`, or each token id's bytes (None: never allowed, special
+        tokens).
       stop_ids: the tokens that end the reply, allowed only once it is complete.
       arity: the function's number of parameters.
       wrapper: see `input_grammar.grammar`.
@@ -161,7 +186,7 @@ def build(
 
 
 def build_components(
-    vocab: Sequence[bytes | None],
+    vocab: Vocabulary | Sequence[bytes | None],
     stop_ids: Sequence[int],
     components: Sequence[Component],
     vocab_size: int | None = None,
@@ -177,12 +202,10 @@ def build_components(
         raise ValueError(f"need vocab_size >= {len(vocab)} and some stop_ids")
     if not components:
         raise ValueError("need at least one component")
-    digest = hashlib.sha1()
-    for piece in vocab:
-        digest.update(b"\xff" if piece is None else len(piece).to_bytes(4, "little") + piece)
-    key = (digest.hexdigest(), tuple(sorted(stop_ids)), vocab_size)
-    vocab = tuple(vocab)
-    return _join(key, tuple(_component(key, vocab, c) for c in components))
+    if not isinstance(vocab, Vocabulary):
+        vocab = Vocabulary(vocab)
+    key = (vocab, tuple(sorted(stop_ids)), vocab_size)
+    return _join(key, tuple(_component(key, c) for c in components))
 
 
 def _prune(next_state: np.ndarray, accepting: np.ndarray) -> np.ndarray:
@@ -246,9 +269,9 @@ def _byte_dfa(component: Component) -> tuple[input_grammar.ByteDFA, bool]:
 
 
 @functools.lru_cache(maxsize=32)
-def _component(key, vocab, component: Component) -> _Part:
+def _component(key, component: Component) -> _Part:
     """Walks every token's bytes from every state of the component's DFA (a prefix-trie walk)."""
-    stop_ids, vocab_size = key[1], key[2]
+    vocab, stop_ids, vocab_size = key
     dfa, detector = _byte_dfa(component)
     n = dfa.delta.shape[0]
     # [S + 1, K]: a reject row at index n so that -1 stays -1 through a walk.
@@ -263,7 +286,7 @@ def _component(key, vocab, component: Component) -> _Part:
     seen: dict[bytes, int] = {}
     token_class = np.full(vocab_size, never, np.int32)
     token_class[list(stop_ids)] = stop
-    ids = sorted((p, i) for i, p in enumerate(vocab) if p and i not in stop_ids)
+    ids = sorted((p, i) for i, p in enumerate(vocab.pieces) if p and i not in stop_ids)
     stack, prev = [same], b""
     for piece, i in ids:
         common = 0
@@ -290,7 +313,7 @@ def _component(key, vocab, component: Component) -> _Part:
     )
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=8)  # device memory: a few automata (up to ~20 MiB each)
 def _join(key, parts: tuple[_Part, ...]) -> TokenAutomaton:
     """The components side by side (states offset), classes refined to tell all apart."""
     vocab_size = key[2]
@@ -326,7 +349,8 @@ def _join(key, parts: tuple[_Part, ...]) -> TokenAutomaton:
     packed = np.packbits(bits, axis=1, bitorder="little").view("<u4").astype(np.uint32)
     accepting = np.concatenate([*(p.accepting for p in parts), [False, False]])
     distance = np.concatenate([*(p.distance for p in parts), [0, 0]]).astype(np.int32)
-    return TokenAutomaton(
+    # On the device once, here: a decode call then transfers nothing.
+    automaton = TokenAutomaton(
         token_class=token_class,
         next_state=next_state,
         mask_row=mask_row.reshape(-1).astype(np.int32),
@@ -338,6 +362,7 @@ def _join(key, parts: tuple[_Part, ...]) -> TokenAutomaton:
         free=free,
         dead=dead,
     )
+    return jax.device_put(automaton)
 
 
 def allowed_tokens(automaton: TokenAutomaton, states: jax.Array) -> jax.Array:

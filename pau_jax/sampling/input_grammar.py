@@ -106,6 +106,27 @@ def _items(item) -> tuple:
     return _seq(item, _star(_seq(_SEP, item)))
 
 
+def _list_of(item) -> tuple:
+    return _seq(_lit(b"["), _opt(_items(item)), _lit(b"]"))
+
+
+def _tuple_of(item, one_tuple: bool = True) -> tuple:
+    """A tuple literal of `item`s: `()`, `(x,)` or `(x, y, ...)` (without `(x,)`: `one_tuple=False`)."""
+    if one_tuple:
+        body = _seq(item, _lit(b","), _opt(_seq(_lit(b" "), _items(item))))
+    else:
+        body = _seq(item, _SEP, _items(item))
+    return _seq(_lit(b"("), _opt(body), _lit(b")"))
+
+
+def _set_of(item) -> tuple:
+    return _seq(_lit(b"{"), _items(item), _lit(b"}"))  # non-empty: `{}` is a dict
+
+
+def _dict_of(key, value) -> tuple:
+    return _seq(_lit(b"{"), _opt(_items(_seq(key, _COLON, value))), _lit(b"}"))
+
+
 @functools.cache
 def _value(depth: int, one_tuple: bool = True) -> tuple:
     """A literal whose containers nest at most `depth` deep (set items, dict keys: scalars).
@@ -115,22 +136,12 @@ def _value(depth: int, one_tuple: bool = True) -> tuple:
     if depth == 0:
         return _SCALAR
     inner = _value(depth - 1)
-    tuple_items = _seq(inner, _lit(b","), _opt(_seq(_lit(b" "), _items(inner))))
-    if not one_tuple:
-        tuple_items = _seq(inner, _SEP, _items(inner))
     return _alt(
         _SCALAR,
-        _seq(_lit(b"["), _opt(_items(inner)), _lit(b"]")),
-        _seq(_lit(b"("), _opt(tuple_items), _lit(b")")),
-        _seq(_lit(b"{"), _items(_SCALAR), _lit(b"}")),
-        _seq(_lit(b"{"), _opt(_items(_seq(_SCALAR, _COLON, inner))), _lit(b"}")),
-    )
-
-
-def _tuple_of(item) -> tuple:
-    """A tuple literal of `item`s: `()`, `(x,)` or `(x, y, ...)`."""
-    return _seq(
-        _lit(b"("), _opt(_seq(item, _lit(b","), _opt(_seq(_lit(b" "), _items(item))))), _lit(b")")
+        _list_of(inner),
+        _tuple_of(inner, one_tuple),
+        _set_of(_SCALAR),
+        _dict_of(_SCALAR, inner),
     )
 
 
@@ -153,14 +164,13 @@ def _shaped(shape: tuple) -> tuple:
     if kind in scalars:
         return scalars[kind]
     if kind == "list":
-        return _seq(_lit(b"["), _opt(_items(_shaped(shape[1]))), _lit(b"]"))
+        return _list_of(_shaped(shape[1]))
     if kind == "tuple":
         return _tuple_of(_shaped(shape[1]))
     if kind == "set":
-        return _seq(_lit(b"{"), _items(_hashable(shape[1])), _lit(b"}"))
+        return _set_of(_hashable(shape[1]))
     if kind == "dict":
-        pair = _seq(_hashable(shape[1]), _COLON, _shaped(shape[2]))
-        return _seq(_lit(b"{"), _opt(_items(pair)), _lit(b"}"))
+        return _dict_of(_hashable(shape[1]), _shaped(shape[2]))
     if kind == "alt":
         return _alt(*(_shaped(s) for s in shape[1]))
     if kind == "any":

@@ -48,6 +48,12 @@ class SampleOutput:
         return out
 
 
+def stop_position(text: str, stop_strings: Sequence[str]) -> int:
+    """Where the first of `stop_strings` starts in `text`; -1 when none occurs."""
+    hits = [text.find(s) for s in stop_strings if s in text]
+    return min(hits) if hits else -1
+
+
 def cut_at_stop_string(
     tokens: Sequence[int], decode: Callable[[Sequence[int]], str], stop_strings: Sequence[str]
 ) -> tuple[int, str, bool]:
@@ -65,19 +71,15 @@ def cut_at_stop_string(
       (number of tokens kept, text before the first stop string, whether one was found).
     """
 
-    def first_stop(text: str) -> int:
-        hits = [text.find(s) for s in stop_strings if s in text]
-        return min(hits) if hits else -1
-
     text = decode(tokens)
-    if not stop_strings or first_stop(text) < 0:
+    if not stop_strings or stop_position(text, stop_strings) < 0:
         return len(tokens), text, False
     lo, hi = 0, len(tokens)  # decode(tokens[:lo]) has no stop string, tokens[:hi] has one.
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if first_stop(decode(tokens[:mid])) >= 0:
+        if stop_position(decode(tokens[:mid]), stop_strings) >= 0:
             hi = mid
         else:
             lo = mid
     text = decode(tokens[:hi])
-    return hi, text[: first_stop(text)], True
+    return hi, text[: stop_position(text, stop_strings)], True

@@ -421,18 +421,24 @@ def _decode_rows(
       The final carry (see `_start`).
     """
     width = layout.input_ids.shape[1]
-    penalty_inputs = ()
+    penalty_inputs = {}
     if settings.repetition_penalty is not None:
-        penalty_inputs = tuple(
-            jnp.asarray(x) for x in (layout.input_ids, layout.mask, layout.row_source)
-        )
-    # Without a penalty the carry has no seen-token mask and the decode program none.
+        penalty_inputs = {
+            name: jnp.asarray(getattr(layout, field))
+            for name, field in (
+                ("prompt_ids", "input_ids"),
+                ("prompt_mask", "mask"),
+                ("row_source", "row_source"),
+            )
+        }
+    # Without a penalty the carry has no seen-token mask and the decode program none;
+    # without an automaton, no states.
     carry = _start(
         cache,
         jnp.asarray(layout.last_tokens),
         jnp.asarray(layout.active),
-        *(penalty_inputs or (None, None, None)),
-        settings.starts,
+        **penalty_inputs,
+        states=settings.starts,
         buffer_len=rooms[-1],
         vocab_size=config.vocab_size,
     )

@@ -177,6 +177,7 @@ def decode_settings(
         repetition_penalty=(
             jnp.asarray(_padded(penalty, rows, 1.0)) if (penalty != 1.0).any() else None
         ),
+        # A no-op for `constraint.build_components`' automata, which are on the device.
         automaton=None if automaton is None else jax.device_put(automaton),
         starts=(None if automaton is None else jnp.asarray(_padded(starts, rows, automaton.free))),
         max_top_k=max_top_k,
