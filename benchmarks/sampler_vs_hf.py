@@ -55,7 +55,7 @@ import transformers  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from pau_jax.models import qwen3  # noqa: E402
-from pau_jax.sampling import generate, sampler  # noqa: E402
+from pau_jax.sampling import decode_loop, generate, sampler  # noqa: E402
 
 QWEN3_0_6B = dict(
     vocab_size=151936,
@@ -200,18 +200,18 @@ def _profile_decode(model, prompts, new_tokens: int, trace_dir: str) -> None:
     fusion, its shape and its source (`op_name` metadata), summed over threads and divided
     by the number of steps.
     """
-    captured, original = [], sampler._decode
+    captured, original = [], decode_loop._decode
 
     def spy(graphdef, state, carry, settings):
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), carry)
         captured.append((graphdef, state, shapes, settings))
         return original(graphdef, state, carry, settings)
 
-    sampler._decode = spy
+    decode_loop._decode = spy
     try:
         generate(model, prompts, max_new_tokens=new_tokens)
     finally:
-        sampler._decode = original
+        decode_loop._decode = original
     graphdef, state, shapes, settings = captured[-1]
     compiled = original.lower(graphdef, state, shapes, settings).compile()
     names = _hlo_ops(compiled.as_text())

@@ -351,7 +351,7 @@ def _gather(keys, values, rows, offsets, lo, hi, into=None, *, width):
 
 @dataclasses.dataclass(frozen=True)
 class Reuse:
-    """The arrays of a prefill on top of cached prefixes (see `sampler._prefill_extend`).
+    """The arrays of a prefill on top of cached prefixes (see `prefill._prefill_extend`).
 
     Their slots are those of a plain prefill of the same prompts (`batching.BatchLayout`).
     """

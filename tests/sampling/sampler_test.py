@@ -16,7 +16,7 @@ from flax import nnx
 from transformers.generation import logits_process
 
 from pau_jax.models import lora, qwen3
-from pau_jax.sampling import batching, generate, sampler
+from pau_jax.sampling import batching, generate, prefill, sampler
 
 PROMPTS = [
     [3, 17, 42],
@@ -96,7 +96,7 @@ def test_cached_decode_logits_match_the_full_forward_at_every_position(tiny_mode
     buffer_len = batching.bucket_size(NEW, **batching.NEW_TOKENS_BUCKET)
     width = layout.input_ids.shape[1]
     graphdef, state = nnx.split(tiny_model)
-    cache = sampler._prefill(
+    cache = prefill._prefill(
         graphdef,
         state,
         jnp.asarray(layout.input_ids),

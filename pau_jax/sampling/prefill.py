@@ -1,0 +1,188 @@
+"""The prefill: every prompt but its last token cached, whole or after a reused prefix.
+
+`prefill_rows` runs one of two jitted programs: `_prefill` (the distinct prompts whole, last
+position only, no logits) or, on a `PrefixCache` hit, `_prefill_extend` (only the tokens after
+each reused prefix, laid over it with `Decoder.decode(overlay=True)`). Both give the slots of
+`batching.BatchLayout` and copy each prompt's cache to its G sample rows.
+"""
+
+import functools
+import logging
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from pau_jax.models import kv_cache
+from pau_jax.sampling import batching, runtime
+from pau_jax.sampling import prefix_cache as prefix_cache_lib
+
+_log = logging.getLogger(__name__)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cache_len", "cache_dtype"))
+def _prefill(graphdef, state, input_ids, mask, row_source, *, cache_len, cache_dtype):
+    """Caches the distinct prompts (all but their last token) and lays them out as decode rows.
+
+    The last prompt token is left for the first decode step, so the prefill computes no
+    logits at all and every decode step has the same shape.
+
+    Args:
+      graphdef: the model's static graph definition.
+      state: the model's state (parameters).
+      input_ids: [U, W] prompts without their last token, left-padded.
+      mask: [U, W] 1 on those tokens.
+      row_source: [B] prompt index of every decode row, or None when row b is prompt b
+        (one sample per prompt and as many rows as prompts: nothing to copy).
+      cache_len: S, cache slots (W plus the first decode segment's steps).
+      cache_dtype: dtype of cached keys and values.
+
+    Returns:
+      KVCache with B rows of S slots, slots [0, W) filled (`batching.BatchLayout`).
+    """
+    runtime.TRACES["prefill"] += 1
+    model = nnx.merge(graphdef, state)
+    cache = kv_cache.init_cache(model.config, input_ids.shape[0], cache_len, cache_dtype)
+    positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
+    _, cache = model.decode(
+        input_ids,
+        positions=positions,
+        cache=cache,
+        cache_index=jnp.int32(0),
+        attention_mask=mask,
+        last_only=True,
+        cache_is_empty=True,
+    )
+    return runtime.constrain_cache(_to_rows(cache, row_source))
+
+
+def _to_rows(cache: kv_cache.KVCache, row_source) -> kv_cache.KVCache:
+    """The cache of each decode row (a copy of its prompt's), or `cache` itself for None."""
+    if row_source is None:
+        return cache
+    return jax.tree.map(lambda x: jnp.take(x, row_source, axis=0), cache)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "cache_len"))
+def _prefill_extend(
+    graphdef, state, prefix_k, prefix_v, prefix_mask, input_ids, mask, starts, row_source,
+    *, cache_len,
+):  # fmt: skip
+    """Like `_prefill`, on top of cached prefixes: only the tokens after them are computed.
+
+    The result has the slots of `_prefill` for the same prompts (`batching.BatchLayout`
+    states where the reused prefix and the T-slot block of new tokens lie).
+
+    Args:
+      graphdef: the model's static graph definition.
+      state: the model's state (parameters).
+      prefix_k: L arrays [U, K, W, H], each prompt's reused prefix in its slots.
+      prefix_v: L arrays [U, K, H, W], the same for values.
+      prefix_mask: [U, W] bool, True on reused slots.
+      input_ids: [U, T] the rest of each prompt but its last token, left-padded.
+      mask: [U, T] 1 on those tokens.
+      starts: [U] int32 length of each prompt's prefix (the position of its first new token).
+      row_source: [B] prompt index of every decode row, or None (row b is prompt b).
+      cache_len: S, cache slots (W plus the first decode segment's steps).
+
+    Returns:
+      KVCache with B rows of S slots, slots [0, W) filled as by `_prefill`.
+    """
+    runtime.TRACES["prefill_extend"] += 1
+    model = nnx.merge(graphdef, state)
+    width = prefix_mask.shape[1]
+    # The model runs on a cache of exactly the W prefill slots, so attention reads no empty
+    # decode slot; the decode room is added afterwards.
+    cache = kv_cache.KVCache(k=tuple(prefix_k), v=tuple(prefix_v), mask=prefix_mask)
+    positions = starts[:, None] + jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0)
+    _, cache = model.decode(
+        input_ids,
+        positions=positions,
+        cache=cache,
+        cache_index=jnp.int32(width - input_ids.shape[1]),
+        attention_mask=mask,
+        last_only=True,
+        overlay=True,
+    )
+    return runtime.constrain_cache(kv_cache.grow(_to_rows(cache, row_source), cache_len))
+
+
+def usable_prefix_cache(prefix_cache, mesh):
+    """`prefix_cache`, or None under a device mesh (logged), where prompts are prefilled whole."""
+    if mesh is None or prefix_cache is None:
+        return prefix_cache
+    _log.info(
+        "prefix cache off: the model is on a device mesh %s, so prompts are prefilled whole",
+        dict(mesh.shape),
+    )
+    return None
+
+
+def prefill_rows(
+    graphdef,
+    state,
+    layout: batching.BatchLayout,
+    prefix_cache: prefix_cache_lib.PrefixCache | None,
+    room: int,
+    cache_dtype: jnp.dtype,
+) -> tuple[kv_cache.KVCache, dict]:
+    """The decode rows' cache with every prompt but its last token prefilled.
+
+    With a `prefix_cache` that holds a prefix of some prompt, only the tokens after the
+    cached prefixes are computed (`_prefill_extend`); otherwise the prompts are prefilled
+    whole (`_prefill`). Both give the slots of `batching.BatchLayout`.
+
+    Args:
+      graphdef: the model's static graph definition.
+      state: the model's state (parameters).
+      layout: the call's layout.
+      prefix_cache: a cache to reuse (bound to `state` and `cache_dtype` first), or None.
+      room: the first decode segment's steps; the cache has S = W + room slots.
+      cache_dtype: dtype of cached keys and values.
+
+    Returns:
+      (KVCache with B rows of S slots, the `SampleOutput` fields prefill_seconds,
+      prefill_tokens and reused_tokens by name).
+    """
+    start = time.perf_counter()
+    cache_len = layout.input_ids.shape[1] + room
+    reuse = None
+    if prefix_cache is not None:
+        prefix_cache.bind(state, cache_dtype)
+        reuse = prefix_cache.plan_reuse(layout)
+    runtime.CALLS["prefill"] += 1
+    runtime.CALLS["prefill_rows"] += layout.input_ids.shape[0]
+    row_source = None if layout.rows_are_prompts else jnp.asarray(layout.row_source)
+    if reuse is None:
+        prefill_tokens, reused_tokens = sum(len(p) - 1 for p in layout.prompts), 0
+        cache = _prefill(
+            graphdef,
+            state,
+            jnp.asarray(layout.input_ids),
+            jnp.asarray(layout.mask),
+            row_source,
+            cache_len=cache_len,
+            cache_dtype=cache_dtype,
+        )
+    else:
+        prefill_tokens, reused_tokens = int(reuse.suffix_mask.sum()), int(reuse.starts.sum())
+        cache = _prefill_extend(
+            graphdef,
+            state,
+            reuse.prefix_k,
+            reuse.prefix_v,
+            jnp.asarray(reuse.prefix_mask),
+            jnp.asarray(reuse.suffix_ids),
+            jnp.asarray(reuse.suffix_mask),
+            jnp.asarray(reuse.starts),
+            row_source,
+            cache_len=cache_len,
+        )
+    jax.block_until_ready(cache)
+    seconds = time.perf_counter() - start
+    runtime.CALLS["prefill_tokens"] += prefill_tokens
+    runtime.CALLS["reused_tokens"] += reused_tokens
+    return cache, dict(
+        prefill_seconds=seconds, prefill_tokens=prefill_tokens, reused_tokens=reused_tokens
+    )
