@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from pau_jax.models import sharding
+from pau_jax.models import quantization, sharding
 
 Axes = tuple[str | None, ...]
 KV = tuple[jax.Array, jax.Array]
@@ -80,9 +80,13 @@ class Linear(nnx.Linear):
 
     ``lora`` is ``None`` or a module mapping ``x`` [..., in] to an additive
     update [..., out] (set by ``lora.apply_lora``). The bias starts at zero.
+    ``decode_weight`` is ``None`` or a quantised copy of the kernel
+    (``quantization.quantize_for_decode``), read instead of it while a decode step
+    is traced (``quantization.decode_step``).
     """
 
     lora: Any = nnx.data(None)
+    decode_weight: Any = nnx.data(None)
 
     def __init__(
         self,
@@ -105,10 +109,15 @@ class Linear(nnx.Linear):
             rngs=rngs,
         )
         self.lora = None
+        self.decode_weight = None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Maps [..., in] to [..., out] in the parameter dtype."""
-        if _single_row_unsharded(x) and self.in_features % GEMV_CHUNKS == 0:
+        if quantization.active(self.decode_weight):
+            y = quantization.matmul(x, self.decode_weight).astype(self.dtype)
+            if self.bias is not None:
+                y = y + self.bias[...].astype(self.dtype)
+        elif _single_row_unsharded(x) and self.in_features % GEMV_CHUNKS == 0:
             y = _chunked_gemv(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
             if self.bias is not None:
                 y = y + self.bias[...].astype(self.dtype)

@@ -21,7 +21,7 @@ import numpy as np
 import safetensors.numpy
 from flax import nnx
 
-from pau_jax.models import layers, weights
+from pau_jax.models import layers, quantization, weights
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -150,11 +150,14 @@ def merge(model: nnx.Module) -> int:
     """Folds every adapter into its base kernel (``W += A @ B * scale``) and removes it.
 
     Afterwards the model has no ``nnx.LoRAParam`` and computes the same function
-    (up to rounding in the kernel dtype). Biases are left as they are.
+    (up to rounding in the kernel dtype). Biases are left as they are. Quantised decode
+    copies of the kernels (``quantization.quantize_for_decode``) are made again from the
+    merged kernels.
 
     Returns:
       The number of merged layers.
     """
+    decode_weights = quantization.decode_weights_of(model)
     count = 0
     for _, module in _linears(model):
         if module.lora is None:
@@ -165,6 +168,8 @@ def merge(model: nnx.Module) -> int:
         )
         module.lora = None
         count += 1
+    if count and decode_weights != "float32":
+        quantization.quantize_for_decode(model, decode_weights)
     return count
 
 

@@ -24,7 +24,12 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from pau_jax.policy import Policy, embeddings, scripted
-from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig, check_prefix_cache_gib
+from pau_jax.policy.config import (
+    DEFAULT_PREFIX_CACHE_GIB,
+    SamplingConfig,
+    check_decode_weights,
+    check_prefix_cache_gib,
+)
 from pau_jax.policy.http import EndpointError, HTTPConfig, HTTPPolicy
 
 # A seat given as this string: for a judge or coder, the agent's own backend; for the AAC
@@ -79,6 +84,9 @@ class LocalBackendConfig:
         that each phase of an episode prefills only what was appended to its conversation
         (`pau_jax.sampling.prefix_cache`; default `config.DEFAULT_PREFIX_CACHE_GIB`); 0
         prefills every prompt whole.
+      decode_weights: what the sampler's decode steps read: 'float32' (the weights as
+        loaded) or 'q8' (an 8-bit copy made at load, `pau_jax.models.quantization`; on a
+        CPU without the kernel, one log line and float32).
     """
 
     checkpoint_dir: str
@@ -87,9 +95,11 @@ class LocalBackendConfig:
     dtype: str = "float32"
     tokenizer: str | None = None
     prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB
+    decode_weights: str = "float32"
 
     def __post_init__(self):
         check_prefix_cache_gib("LocalBackendConfig", self.prefix_cache_gib)
+        check_decode_weights("LocalBackendConfig", self.decode_weights)
 
     def build(self, backends: Backends) -> Policy:
         """A `LocalPolicy` on the checkpoint (loaded here unless `backends` holds it already)."""
@@ -101,7 +111,7 @@ class LocalBackendConfig:
                 "or choose another backend (e.g. HTTPBackendConfig)"
             )
         path = pathlib.Path(self.checkpoint_dir).expanduser()
-        key = (str(path), self.adapter_dir, self.dtype, self.tokenizer)
+        key = (str(path), self.adapter_dir, self.dtype, self.tokenizer, self.decode_weights)
         model, tokenizer = backends.shared(key, lambda: self._load(path))
         cache = prefix_cache(self.prefix_cache_gib)
         return LocalPolicy(model, tokenizer, self.sampling, prefix_cache=cache)
@@ -115,11 +125,17 @@ class LocalBackendConfig:
         if self.adapter_dir:
             n = lora.load_peft(model, pathlib.Path(self.adapter_dir).expanduser())
             print(f"[eval] LoRA adapter on {n} modules from {self.adapter_dir}", flush=True)
+        if self.decode_weights != "float32":
+            from pau_jax.models import quantization
+
+            n = quantization.quantize_for_decode(model, self.decode_weights)
+            print(f"[eval] decode_weights={self.decode_weights}: {n} matrices", flush=True)
         return model, load_tokenizer(self.tokenizer or path)
 
     def describe(self) -> str:
         adapter = f" + adapter {self.adapter_dir}" if self.adapter_dir else ""
-        return f"checkpoint {self.checkpoint_dir}{adapter}"
+        quantized = f" (decode {self.decode_weights})" if self.decode_weights != "float32" else ""
+        return f"checkpoint {self.checkpoint_dir}{adapter}{quantized}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

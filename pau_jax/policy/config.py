@@ -12,6 +12,18 @@ import math
 # `training.run.Run.base_policy`); `backends.prefix_cache(gib)` builds it, 0 turns it off.
 DEFAULT_PREFIX_CACHE_GIB = 2.0
 
+# Weights a local sampler's decode steps read (`pau_jax.models.quantization`): 'float32', or
+# 'q8' (an 8-bit copy, int8 in blocks of 32 with a scale each, read by decode steps only; the
+# prefill, the learner and LoRA keep float32). The same names as `quantization.DECODE_WEIGHTS`.
+DECODE_WEIGHTS = ("float32", "q8")
+
+
+def check_decode_weights(owner: str, value: str) -> None:
+    """Raises a one-line ValueError unless ``value`` (``<owner>.decode_weights``) is known."""
+    if value not in DECODE_WEIGHTS:
+        raise ValueError(f"{owner}.decode_weights must be one of {DECODE_WEIGHTS}, got {value!r}")
+
+
 # `SamplingConfig.structured`: structured decoding of the agent's replies (off: the paper).
 STRUCTURED = ("off", "end_at_answer", "constrain_inputs", "typed_inputs")
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pau_jax.models import kv_cache, sharding
+from pau_jax.models import kv_cache, quantization, sharding
 from pau_jax.sampling import batching, constraint, logits, runtime
 from pau_jax.sampling import settings as settings_lib
 
@@ -186,7 +186,9 @@ def _decode(graphdef, state, carry, settings: settings_lib.DecodeSettings):
     def keep_going(carry):
         return (carry["step"] < last_step) & ~jnp.all(carry["done"])
 
-    return jax.lax.while_loop(keep_going, step_once, carry)
+    # Modules with a quantised copy of their weights read it in these steps only.
+    with quantization.decode_step():
+        return jax.lax.while_loop(keep_going, step_once, carry)
 
 
 def decode_rows(
