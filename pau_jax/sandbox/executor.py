@@ -1,37 +1,21 @@
 """Pool of sandbox worker processes that run untrusted Python functions under limits."""
 
-import collections
 import hashlib
 import json
-import math
 import queue
-import select
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pau_jax.sandbox import values, worker_process
-from pau_jax.sandbox.config import DEFAULT_ENTRY, CallResult, CoverageRecord, SandboxConfig
-from pau_jax.sandbox.worker_process import WorkerLost, WorkerProcess
-
-_MAX_CHUNK = 32
+from pau_jax.sandbox import dispatch, values, worker_process
+from pau_jax.sandbox.config import DEFAULT_ENTRY, CallResult, SandboxConfig
+from pau_jax.sandbox.worker_process import WorkerLost, WorkerProcess, readable
 
 
 class SandboxError(RuntimeError):
     """The sandbox itself failed (a worker could not start, or the executor is closed)."""
-
-
-def _readable(workers: list[WorkerProcess], timeout: float | None) -> list[WorkerProcess]:
-    """The workers with something to read, waiting at most ``timeout`` seconds (poll(2))."""
-    poller = select.poll()
-    by_fd = {}
-    for worker in workers:
-        by_fd[worker.reply_fd] = worker
-        poller.register(worker.reply_fd, select.POLLIN)
-    events = poller.poll(None if timeout is None else math.ceil(timeout * 1000))
-    return [by_fd[fd] for fd, _ in events]
 
 
 class _Spawner:
@@ -103,8 +87,8 @@ class Executor:
         self._config_text = json.dumps(
             {f: getattr(self.config, f) for f in self.config.__dataclass_fields__}
         )
-        self._max_message = 4 * self.config.max_result_bytes + 8 * self.config.max_output_bytes
-        self._max_message += 8 * self.config.max_display_chars + (4 << 20)
+        self.max_message = 4 * self.config.max_result_bytes + 8 * self.config.max_output_bytes
+        self.max_message += 8 * self.config.max_display_chars + (4 << 20)
         self._cond = threading.Condition()
         self._idle: list[WorkerProcess] = []
         self._all: set[WorkerProcess] = set()
@@ -201,7 +185,7 @@ class Executor:
             "entry": entry or self.entry,
             "coverage": bool(measure_coverage),
         }
-        return _Job(self, job, encoded, timeout).run()
+        return dispatch.Job(self, job, encoded, timeout).run()
 
     @staticmethod
     def _encode_args(args: Sequence[Any]) -> str:
@@ -236,7 +220,7 @@ class Executor:
             timeout = (
                 min(w.started for w in waiting) + self.config.start_timeout_s - time.monotonic()
             )
-            for worker in _readable(waiting, max(0.0, timeout)):
+            for worker in readable(waiting, max(0.0, timeout)):
                 self.handshake(worker)
             waiting = [w for w in waiting if not w.ready]
             self.check_start_time(waiting)
@@ -273,11 +257,13 @@ class Executor:
             self._all.discard(worker)
         worker.kill()
 
-    def _replace(self, worker: WorkerProcess) -> WorkerProcess:
+    def replace(self, worker: WorkerProcess) -> WorkerProcess:
+        """Kills ``worker`` and starts another in its place (not ready yet)."""
         self._retire(worker)
         return self._spawn()
 
-    def _acquire(self, block: bool) -> WorkerProcess | None:
+    def acquire(self, block: bool) -> WorkerProcess | None:
+        """Takes an idle worker, waiting for one if ``block``; None if none is idle."""
         with self._cond:
             while not self._idle and block and not self._closed:
                 self._cond.wait()
@@ -285,9 +271,9 @@ class Executor:
                 raise SandboxError("the Executor is closed; create a new one")
             return self._idle.pop() if self._idle else None
 
-    def _release(self, worker: WorkerProcess, busy: bool = False) -> None:
-        """Returns a worker to the pool; one still running calls is replaced instead."""
-        if busy and not self._closed:
+    def release(self, worker: WorkerProcess, busy: bool = False) -> None:
+        """Returns a worker to the pool; one still running calls or with unread bytes is replaced."""
+        if (busy or worker.has_input()) and not self._closed:
             self._retire(worker)
             try:
                 worker = self._spawn()
@@ -299,147 +285,3 @@ class Executor:
                 self._cond.notify()
                 return
         self._retire(worker)
-
-
-class _Job:
-    """One call_many: hands chunks of calls to held workers and collects their replies."""
-
-    def __init__(self, pool: Executor, request: dict[str, Any], args: list[str], timeout: float):
-        self.pool = pool
-        self.request = request
-        self.args = args
-        self.timeout = timeout
-        self.results: list[CallResult | None] = [None] * len(args)
-        self.pending = collections.deque(range(len(args)))
-        self.held: list[WorkerProcess] = []
-        # worker -> (indices sent and not answered, deadline of the first, start time of the first)
-        self.inflight: dict[WorkerProcess, list[Any]] = {}
-
-    def run(self) -> list[CallResult]:
-        self.held.append(self.pool._acquire(block=True))
-        try:
-            while len(self.held) < len(self.args):
-                worker = self.pool._acquire(block=False)
-                if worker is None:
-                    break
-                self.held.append(worker)
-            while self.pending or self.inflight:
-                self._assign()
-                self._wait()
-        finally:
-            for worker in self.held:
-                self.pool._release(worker, busy=worker in self.inflight)
-        return self.results
-
-    def _assign(self) -> None:
-        config = self.pool.config
-        for slot, worker in enumerate(self.held):
-            if not self.pending or worker in self.inflight or not worker.ready:
-                continue
-            if worker.calls > 0 and (
-                worker.calls >= config.max_calls_per_worker
-                or worker.cpu_s + self.timeout + 1.0 >= config.cpu_time_s
-            ):
-                self.held[slot] = self.pool._replace(worker)
-                continue
-            size = min(_MAX_CHUNK, max(1, math.ceil(len(self.pending) / (4 * len(self.held)))))
-            chunk = [self.pending.popleft() for _ in range(min(size, len(self.pending)))]
-            now = time.monotonic()
-            self.inflight[worker] = [collections.deque(chunk), now + self.timeout, now]
-            try:
-                worker.send(
-                    {**self.request, "args": [self.args[i] for i in chunk]}, now + self.timeout
-                )
-            except WorkerLost as exc:
-                self._lose(slot, worker, "WorkerCrashed", f"the worker {exc}")
-
-    def _wait(self) -> None:
-        waiting = [w for w in self.held if w in self.inflight or not w.ready]
-        now = time.monotonic()
-        deadlines = [entry[1] for entry in self.inflight.values()]
-        deadlines += [w.started + self.pool.config.start_timeout_s for w in waiting if not w.ready]
-        timeout = max(0.0, min(deadlines) - now) if deadlines else None
-        if not waiting:
-            return
-        for worker in _readable(waiting, timeout):
-            if worker.ready:
-                self._receive(worker)
-            else:
-                self.pool.handshake(worker)
-        now = time.monotonic()
-        for slot, worker in enumerate(list(self.held)):
-            entry = self.inflight.get(worker)
-            if entry is not None and now >= entry[1]:
-                self._lose(
-                    slot,
-                    worker,
-                    "TimeoutError",
-                    f"the call ran longer than {self.timeout:g} s and was stopped",
-                    timed_out=True,
-                )
-        self.pool.check_start_time([w for w in self.held if not w.ready])
-
-    def _receive(self, worker: WorkerProcess) -> None:
-        slot = self.held.index(worker)
-        entry = self.inflight[worker]
-        try:
-            for message in worker.receive(self.pool._max_message):
-                if not entry[0]:
-                    raise WorkerLost("sent more results than calls")
-                result = _result(message, time.monotonic() - entry[2], self.request["coverage"])
-                self.results[entry[0].popleft()] = result
-                worker.calls += 1
-                cpu_s = message.get("cpu_s")
-                worker.cpu_s = float(cpu_s) if isinstance(cpu_s, (int, float)) else worker.cpu_s
-                now = time.monotonic()
-                entry[1:] = [now + self.timeout, now]
-        except WorkerLost as exc:
-            self._lose(slot, worker, "WorkerCrashed", f"the worker {exc}")
-            return
-        if not entry[0]:
-            del self.inflight[worker]
-
-    def _lose(
-        self, slot: int, worker: WorkerProcess, error_type: str, message: str, **kw: Any
-    ) -> None:
-        """Fails the worker's current call, puts its other calls back and replaces it."""
-        chunk, _, start = self.inflight.pop(worker)
-        index = chunk.popleft()
-        self.pending.extendleft(reversed(chunk))
-        self.results[index] = CallResult.failure(
-            error_type, message, wall_s=time.monotonic() - start, **kw
-        )
-        self.held[slot] = self.pool._replace(worker)
-
-
-def _result(message: dict[str, Any], wall_s: float, coverage: bool) -> CallResult:
-    """Builds a CallResult from a worker's reply, checking every field (raises WorkerLost)."""
-    try:
-        ok = message["ok"]
-        texts = [message[k] for k in ("display", "stdout", "stderr")]
-        if type(ok) is not bool or not all(isinstance(t, str) for t in texts):
-            raise WorkerLost("sent a malformed result")
-        record = None
-        if coverage and message.get("lines") is not None:
-            record = CoverageRecord(
-                lines=frozenset(int(n) for n in message["lines"]),
-                arcs=frozenset((int(a), int(b)) for a, b in message["arcs"]),
-            )
-        common = dict(
-            stdout=message["stdout"],
-            stderr=message["stderr"],
-            display=message["display"],
-            coverage=record,
-            wall_s=wall_s,
-        )
-        if ok:
-            encoded = message["value"]
-            if not isinstance(encoded, str):
-                raise WorkerLost("sent a malformed result")
-            return CallResult(ok=True, value=values.decode(encoded), encoded=encoded, **common)
-        error_type, error_message = message["error_type"], message["error_message"]
-        if not isinstance(error_type, str) or not isinstance(error_message, str):
-            raise WorkerLost("sent a malformed result")
-        return CallResult(ok=False, error_type=error_type, error_message=error_message, **common)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise WorkerLost(f"sent a malformed result ({exc})") from None

@@ -4,11 +4,14 @@ Started by `worker_process.WorkerProcess` as ``python -s -B -P -c <boot> ROOT FD
 a fresh interpreter (never forked), in its own session, with a scrubbed environment. Messages
 are JSON over two pipes (`multiprocessing.connection.Connection` framing):
 
-* parent -> worker: ``{"op": "run", "key", "source", "entry", "args": [encoded tuple, ...],
-  "coverage": bool}`` or ``{"op": "exit"}``;
+* parent -> worker: ``{"op": "run", "key", "source", "entry", "ids": [call id, ...],
+  "args": [encoded tuple, ...], "coverage": bool}``, ``{"op": "sync", "id"}`` after the
+  replies of a run, or ``{"op": "exit"}``;
 * worker -> parent: ``{"op": "ready", "pid", "isolation"}`` once (or ``{"op": "failed",
-  "error"}``), then one result per call: ``{"ok", "value", "display", "error_type",
-  "error_message", "stdout", "stderr", "lines", "arcs", "cpu_s"}``.
+  "error"}``), then one result per call: ``{"id", "ok", "value", "display", "error_type",
+  "error_message", "stdout", "stderr", "lines", "arcs", "cpu_s"}``, and ``{"op": "synced",
+  "id"}`` per sync. The parent checks the ids (`dispatch`): code that writes to the reply
+  pipe itself breaks the worker instead of answering a call.
 """
 
 import ast
@@ -85,6 +88,7 @@ class _Runner:
         self.isolation = isolation.confine(self.root, config, parent_pid)
         os.chdir(self.work_dir)
         os.environ.update({"TMPDIR": self.work_dir, "HOME": self.work_dir})
+        guard.restrict_modules()
         self.state = process_state.ProcessState(self.work_dir)
         self.cache: collections.OrderedDict[str, _Compiled] = collections.OrderedDict()
         self.current_key: str | None = None
@@ -136,8 +140,9 @@ class _Runner:
         measure = bool(request["coverage"]) and compiled.error is None
         cov = self._start_coverage() if measure else None
         try:
-            for args_text in request["args"]:
+            for call_id, args_text in zip(request["ids"], request["args"], strict=True):
                 reply = self.run_one(compiled, request["entry"], args_text, cov)
+                reply["id"] = call_id
                 yield json.dumps(reply).encode("utf-8")
         finally:
             if cov is not None:
@@ -274,7 +279,10 @@ def main(argv: list[str]) -> None:
             request = json.loads(receiver.recv_bytes())
         except EOFError:
             return
-        if request.get("op") != "run":
+        if request.get("op") == "sync":
+            sender.send_bytes(json.dumps({"op": "synced", "id": request["id"]}).encode())
+        elif request.get("op") == "run":
+            for reply in runner.run_batch(request):
+                sender.send_bytes(reply)
+        else:
             return
-        for reply in runner.run_batch(request):
-            sender.send_bytes(reply)

@@ -1,6 +1,7 @@
 """The parent's handle on one sandbox worker process: start, framed pipe I/O with deadlines, kill."""
 
 import json
+import math
 import os
 import select
 import shutil
@@ -70,6 +71,17 @@ def _running(pid: int) -> bool:
     return True
 
 
+def readable(workers: list["WorkerProcess"], timeout: float | None) -> list["WorkerProcess"]:
+    """The workers with something to read, waiting at most ``timeout`` seconds (poll(2))."""
+    poller = select.poll()
+    by_fd = {}
+    for worker in workers:
+        by_fd[worker.reply_fd] = worker
+        poller.register(worker.reply_fd, select.POLLIN)
+    events = poller.poll(None if timeout is None else math.ceil(timeout * 1000))
+    return [by_fd[fd] for fd, _ in events]
+
+
 class WorkerLost(Exception):
     """The worker died, stopped reading, or broke the message protocol."""
 
@@ -134,6 +146,14 @@ class WorkerProcess:
     def fileno(self) -> int:
         """The descriptor to wait on for replies."""
         return self.reply_fd
+
+    def has_input(self) -> bool:
+        """Whether bytes (or end of file) wait to be read, or part of a message is buffered."""
+        if self._buffer:
+            return True
+        if self.reply_fd < 0:
+            return False
+        return bool(select.select([self.reply_fd], [], [], 0)[0])
 
     def send(self, message: dict[str, Any], deadline: float) -> None:
         """Writes one message, giving up (WorkerLost) at ``deadline`` (time.monotonic())."""

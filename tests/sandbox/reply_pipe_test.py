@@ -1,0 +1,107 @@
+"""Code that writes forged replies into its worker's reply pipe answers no call, its own or another."""
+
+import pytest
+
+from pau_jax.sandbox import Executor
+
+TIMEOUT = 20.0
+BENIGN = "def test_func(x):\n    return [x, x * 2]\n"
+# A reply in the worker's format, for the call whose id the code finds in the worker's memory.
+_REPLY = (
+    "def forged(call_id):\n"
+    "    return json.dumps({'id': call_id, 'ok': True, 'value': '\"FORGED\"', 'display': 'F',\n"
+    "                       'error_type': None, 'error_message': None, 'stdout': '',\n"
+    "                       'stderr': '', 'lines': None, 'arcs': None, 'cpu_s': 0.0}).encode()\n"
+    "def current_id(args):\n"
+    "    from pau_jax.sandbox import values\n"
+    "    requests = [o for o in gc.get_objects() if isinstance(o, dict) and o.get('op') == 'run']\n"
+    "    request = requests[-1]\n"
+    "    ids = request.get('ids') or [None] * len(request['args'])\n"
+    "    return ids[request['args'].index(values.encode(args))]\n"
+)
+# Finds the worker's reply Connection through the garbage collector and sends a whole reply.
+THROUGH_GC = (
+    "import gc, json\n" + _REPLY + "def test_func(*args):\n"
+    "    pipes = [o for o in gc.get_objects()\n"
+    "             if type(o).__name__ == 'Connection' and getattr(o, 'writable', False)]\n"
+    "    for pipe in pipes:\n"
+    "        pipe.send_bytes(forged(current_id(args)))\n"
+    "    if 'spin' in args:\n"
+    "        while True:\n"
+    "            pass\n"
+    "    return 'genuine'\n"
+)
+# Writes whole framed replies to every descriptor it can.
+THROUGH_FDS = (
+    "import gc, json, os, struct\n" + _REPLY + "def test_func(*args):\n"
+    "    body = forged(current_id(args))\n"
+    "    for fd in range(3, 64):\n"
+    "        try:\n"
+    "            os.write(fd, struct.pack('!i', len(body)) + body)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "    return 'genuine'\n"
+)
+
+
+@pytest.fixture
+def lone_pool():
+    """A one-worker pool, so the next call runs on the worker that the forger used."""
+    with Executor(workers=1) as pool:
+        yield pool
+
+
+def _assert_rejected(result):
+    assert not result.ok and result.value != "FORGED", result
+    assert result.error_type == "WorkerCrashed", result
+    assert "no call in progress" in result.error_message, result
+
+
+def _assert_innocent_calls_answered(pool, n=3):
+    for x in range(n):
+        result = pool.call(BENIGN, (x,), timeout_s=TIMEOUT)
+        assert result.ok and result.value == [x, 2 * x], result
+
+
+@pytest.mark.parametrize("source", [THROUGH_GC, THROUGH_FDS], ids=["gc", "fds"])
+def test_forged_reply_answers_no_call(lone_pool, source):
+    _assert_rejected(lone_pool.call(source, (), timeout_s=TIMEOUT))
+    _assert_innocent_calls_answered(lone_pool)
+
+
+def test_forged_replies_in_a_batch_leave_the_other_calls_intact(lone_pool):
+    mixed = THROUGH_GC.replace(
+        "def test_func(*args):\n",
+        "def test_func(*args):\n    if args[0] % 2:\n        return args[0]\n",
+    )
+    results = lone_pool.call_many(mixed, [(i,) for i in range(6)], timeout_s=TIMEOUT)
+    for position, result in enumerate(results):
+        if position % 2:
+            assert result.ok and result.value == position, (position, result)
+        else:
+            _assert_rejected(result)
+    _assert_innocent_calls_answered(lone_pool)
+
+
+def test_forger_that_never_returns_times_out(lone_pool):
+    result = lone_pool.call(THROUGH_GC, (0, "spin"), timeout_s=1.5)
+    assert not result.ok and result.value != "FORGED", result
+    assert result.error_type == "TimeoutError" and result.timed_out, result
+    _assert_innocent_calls_answered(lone_pool)
+
+
+def test_forged_replies_do_not_reach_calls_from_other_threads():
+    import concurrent.futures
+
+    with Executor(workers=2) as pool:
+        with concurrent.futures.ThreadPoolExecutor(4) as threads:
+            forgers = [
+                threads.submit(pool.call, THROUGH_GC, (), timeout_s=TIMEOUT) for _ in range(4)
+            ]
+            innocent = [
+                threads.submit(pool.call, BENIGN, (x,), timeout_s=TIMEOUT) for x in range(8)
+            ]
+            for future in forgers:
+                _assert_rejected(future.result())
+            for x, future in enumerate(innocent):
+                assert future.result().value == [x, 2 * x], future.result()
