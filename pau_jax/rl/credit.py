@@ -4,19 +4,29 @@ The paper says only that the actor is trained with "GRPO on step rewards"; it
 does not say how step rewards become advantages. Every rule here is therefore
 pau_jax's reading (or the released code's), never the paper's own. Each
 function has the signature ``fn(rewards, group_ids, **constants)`` and is chosen
-by reference (``advantage_fn = @process_grpo``); its constants are bound in gin.
+by reference (``advantage_fn = @final_plus_mean``); its constants are bound in gin.
 ``describe(fn)`` gives the one-line label that run summaries record.
 
-* ``process_grpo`` (default; pau_jax's reading): GRPO with process supervision
-  as DeepSeekMath publishes it (Shao et al. 2024, section 4.1.3), the published
-  reference for GRPO on step rewards. All step rewards of a group are normalised
-  together, ``r~ = (r - mean(R)) / (std(R) + eps)`` with R every step reward of
-  every episode of the group, and step t gets ``sum_{k >= t} r~_k``. Every
-  reward term reaches the gradient: a later hypothesis gain reaches the input
-  that led to it, and the timeout reaches every step of a timed-out episode.
-  Its cost: a step is also compared with the group's other phases, so even a
-  group of identical episodes gets (identical) non-zero advantages where an
-  episode's step rewards vary.
+* ``final_plus_mean`` (default; pau_jax's reading): every step reward is
+  normalised over all step rewards of its group, ``r~ = (r - mean(R)) / (std(R)
+  + eps)``, as in process supervision; step t of an episode of n steps gets
+  ``r~_{n-1} + mean_{t <= k < n-1} r~_k`` (the last step ``r~_{n-1}`` alone):
+  how the episode ended (the STOP's b_term, the timeout) at full weight, plus the
+  mean, not the sum, of what its steps from t up to the last earned. Every reward
+  term reaches the gradient, but the number of steps that follow no longer
+  multiplies what they earn. Two steps at one position (before their episodes'
+  last) each hold two centred terms, so their order is that of
+  ``mean(r_t..r_{n-2}) + r_{n-1}`` in raw rewards, whatever the rest of the
+  group. Its costs: identical episodes get identical non-zero advantages where
+  an episode's rewards vary (as under ``process_grpo``), and a step's own reward
+  counts 1 / (n-1-t) in its advantage, shared with the steps before it.
+* ``process_grpo`` (pau_jax's reading; the default before): GRPO with process
+  supervision exactly as DeepSeekMath publishes it (Shao et al. 2024, section
+  4.1.3), the published reference for GRPO on step rewards: the same
+  normalisation, and step t gets ``sum_{k >= t} r~_k``. Every reward term
+  reaches the gradient, but the sum lets the number of steps left outweigh what
+  they earned: 12 CONTINUEs on bad hypotheses (each paid lambda_H (s + 1) >= 2)
+  can outrank an early correct STOP (docs/reproducing.md).
 * ``return_to_go`` (pau_jax's own rule): step t gets ``G_t = sum_{k >= t}
   gamma^(k-t) r_k``, normalised within its group. With ``normalize="position"``
   (default) step t of an episode is compared only with step t of the group's
@@ -28,11 +38,11 @@ by reference (``advantage_fn = @process_grpo``); its constants are bound in gin.
   never acts, and an input step is credited with its own format terms only.
 * ``final_only`` (FINAL ablation; pau_jax's reading): the default rule where only
   each episode's last step carries a reward. With one rewarded step per episode
-  process supervision normalises the final rewards over the group's episodes
-  and gives every step its episode's value (outcome supervision), so FINAL
-  differs from the default only in sparsity. The intermediate steps carry no
-  reward rather than a reward of 0, which would be normalised into a per-step
-  penalty of its own. Numerically it equals ``last_step_broadcast``.
+  the default rule (and ``process_grpo`` alike) normalises the final rewards over
+  the group's episodes and gives every step its episode's value (outcome
+  supervision), so FINAL differs from the default only in sparsity. The
+  intermediate steps carry no reward rather than a reward of 0, which would be
+  normalised into a per-step penalty of its own. Numerically it equals ``last_step_broadcast``.
 * ``last_step_broadcast`` (the released code): one number per episode, its last
   step's reward, normalised over the group's episodes, on every step.
 
@@ -118,6 +128,60 @@ def discounted_returns(rewards: Sequence[float], gamma: float = 1.0) -> np.ndarr
     return returns
 
 
+def _group_normalised(
+    rewards: Sequence[Sequence[float]], group_ids: Sequence[Hashable], *, eps: float, ddof: int
+) -> list[np.ndarray | None]:
+    """Per episode, [n_e] its step rewards standardised over all step rewards of its group.
+
+    None for an episode alone in its group (nothing to compare with).
+    """
+    _check(rewards, group_ids)
+    values = [np.asarray(episode, np.float64) for episode in rewards]
+    out: list[np.ndarray | None] = [None] * len(values)
+    for members in _groups(group_ids):
+        if len(members) < 2:
+            continue
+        standard = _normalise(
+            [values[i] for i in members], [0] * len(members), eps=eps, ddof=ddof, normalize="pooled"
+        )
+        for i, normalised in zip(members, standard):
+            out[i] = normalised.astype(np.float64)
+    return out
+
+
+def final_plus_mean(
+    rewards: Sequence[Sequence[float]],
+    group_ids: Sequence[Hashable],
+    *,
+    eps: float = 1e-6,
+    ddof: int = 1,
+) -> list[np.ndarray]:
+    """Group-normalised step rewards: the last one plus the mean of those from each step up to it.
+
+    Args:
+      rewards: per episode, its step rewards [n_e].
+      group_ids: per episode, the id of its GRPO group (episodes of one prompt).
+      eps: added to the standard deviation.
+      ddof: delta degrees of freedom of the standard deviation.
+
+    Returns:
+      Per episode, [n_e] float32 advantages. With ``z`` the episode's step rewards
+      normalised by the mean and std of all step rewards of the group, step t gets
+      ``z[n_e - 1] + mean(z[t : n_e - 1])``, the last step ``z[n_e - 1]``. A group
+      of one episode gets 0.
+    """
+    out = []
+    for episode, z in zip(rewards, _group_normalised(rewards, group_ids, eps=eps, ddof=ddof)):
+        if z is None:
+            out.append(np.zeros(len(episode), np.float32))
+            continue
+        before_last = z[:-1]
+        advantages = np.full(len(z), z[-1])
+        advantages[:-1] += np.cumsum(before_last[::-1])[::-1] / np.arange(len(before_last), 0, -1)
+        out.append(advantages.astype(np.float32))
+    return out
+
+
 def process_grpo(
     rewards: Sequence[Sequence[float]],
     group_ids: Sequence[Hashable],
@@ -138,19 +202,12 @@ def process_grpo(
       its episode's step rewards normalised by the mean and std of all step
       rewards of the group. A group of one episode gets 0.
     """
-    _check(rewards, group_ids)
-    values = [np.asarray(episode, np.float64) for episode in rewards]
-    out = [np.zeros(len(v), np.float32) for v in values]
-    for members in _groups(group_ids):
-        if len(members) < 2:
+    out = []
+    for episode, z in zip(rewards, _group_normalised(rewards, group_ids, eps=eps, ddof=ddof)):
+        if z is None:
+            out.append(np.zeros(len(episode), np.float32))
             continue
-        members_values = [values[i] for i in members]
-        standard = _normalise(
-            members_values, [0] * len(members), eps=eps, ddof=ddof, normalize="pooled"
-        )
-        for i, normalised in zip(members, standard):
-            suffix = np.cumsum(normalised[::-1].astype(np.float64))[::-1]
-            out[i] = suffix.astype(np.float32)
+        out.append(np.cumsum(z[::-1])[::-1].astype(np.float32))
     return out
 
 
@@ -191,9 +248,9 @@ def final_only(
     eps: float = 1e-6,
     ddof: int = 1,
 ) -> list[np.ndarray]:
-    """``process_grpo`` with only each episode's final step rewarded: its value on every step."""
+    """The default rule with only each episode's final step rewarded: its value on every step."""
     _check(rewards, group_ids)
-    finals = process_grpo([[float(e[-1])] for e in rewards], group_ids, eps=eps, ddof=ddof)
+    finals = final_plus_mean([[float(e[-1])] for e in rewards], group_ids, eps=eps, ddof=ddof)
     return [np.full(len(e), f[0], np.float32) for e, f in zip(rewards, finals)]
 
 
@@ -212,6 +269,11 @@ def last_step_broadcast(
 
 
 _LABELS = {
+    final_plus_mean: (
+        "every step reward normalised over all steps of its group; each step credited with its "
+        "episode's last normalised reward plus the mean of its normalised rewards from that "
+        "step up to the last; pau_jax's reading of the paper's 'GRPO on step rewards'"
+    ),
     process_grpo: (
         "GRPO with process supervision (DeepSeekMath): every step reward normalised over all "
         "steps of its group, each step credited with the sum from it on; pau_jax's reading "
@@ -222,7 +284,7 @@ _LABELS = {
         "pau_jax's reading, not the paper's"
     ),
     final_only: (
-        "FINAL: process supervision on the final step's reward alone (outcome GRPO, "
+        "FINAL: the default credit rule on the final step's reward alone (outcome GRPO, "
         "broadcast to every step); pau_jax's reading of the paper's FINAL ablation"
     ),
     last_step_broadcast: (

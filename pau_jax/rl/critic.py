@@ -45,8 +45,9 @@ class CriticConfig:
       show_source: with privileged='description', show the source code too (the
         released critic saw both); ignored with privileged='none', so an overlay that
         sets it keeps the SYM-INFO ablation intact.
-      sampling: a local critic's sampling: 128 tokens, greedy (the paper); the
-        released code used the serving provider's sampling. Its seed is set per
+      sampling: the critic's sampling: 128 tokens, greedy (the paper); the
+        released code used the serving provider's sampling. A served critic (an
+        HTTP seat) is sent its temperature and max_new_tokens. Its seed is set per
         training step.
       max_batch_size: conversations per critic call; None = all steps of a rollout at once.
       clamp: clamp ratings to [0, 1] after dividing by 9 (the paper); False keeps

@@ -11,8 +11,14 @@ from pau_jax.rl import credit, rewards
 from pau_jax.rl.rewards import EpisodeRecord, RewardConfig, StepRecord
 
 # The default credit rule (gin/aac.gin binds it; tests/variants_test.py checks the binding).
-DEFAULT = credit.process_grpo
-RULES = [credit.process_grpo, credit.return_to_go, credit.final_only, credit.last_step_broadcast]
+DEFAULT = credit.final_plus_mean
+RULES = [
+    credit.final_plus_mean,
+    credit.process_grpo,
+    credit.return_to_go,
+    credit.final_only,
+    credit.last_step_broadcast,
+]
 
 # Two GRPO groups; group "a" has two episodes, group "b" two, listed interleaved.
 REWARDS = [[1.0, 0.0, 2.0], [4.0, 4.0], [0.0, 1.0], [1.0, 5.0, 0.0, 2.0]]
@@ -164,24 +170,25 @@ def test_identical_episodes_get_exact_zeros(size, fn, kwargs):
         np.testing.assert_array_equal(advantages, np.zeros(3, np.float32))
 
 
+@pytest.mark.parametrize("fn", [credit.final_plus_mean, credit.process_grpo])
 @pytest.mark.parametrize("size", sorted(IDENTICAL))
-def test_process_grpo_on_identical_episodes(size):
-    # Process supervision compares every step with the group's mean step reward, so identical
-    # episodes get identical advantages that are not zero where an episode's rewards vary
+def test_pooled_step_rules_on_identical_episodes(size, fn):
+    # The default and process supervision compare every step with the group's mean step reward,
+    # so identical episodes get identical advantages, not zero where an episode's rewards vary
     # (docs/reproducing.md); a group whose step rewards are all equal gets exactly 0.
-    got = credit.process_grpo([IDENTICAL[size]] * size, ["g"] * size)
+    got = fn([IDENTICAL[size]] * size, ["g"] * size)
     for advantages in got[1:]:
         np.testing.assert_array_equal(advantages, got[0])
     assert np.any(got[0])
     flat = [[IDENTICAL[size][0]] * 3] * size
-    for advantages in credit.process_grpo(flat, ["g"] * size):
+    for advantages in fn(flat, ["g"] * size):
         np.testing.assert_array_equal(advantages, np.zeros(3, np.float32))
 
 
 def test_an_intermediate_reward_reaches_the_step_reward_rules_only():
     changed = [list(r) for r in REWARDS]
     changed[0][1] = 7.0  # a middle step of episode 0 (its last step is unchanged)
-    for fn in (credit.process_grpo, credit.return_to_go):
+    for fn in (credit.final_plus_mean, credit.process_grpo, credit.return_to_go):
         before, after = fn(REWARDS, GROUPS), fn(changed, GROUPS)
         assert not np.allclose(before[0], after[0])
         assert after[0][1] > before[0][1]
@@ -194,6 +201,7 @@ def test_an_intermediate_reward_reaches_the_step_reward_rules_only():
     three = [[1.0, 0.0, 2.0], [0.0, 1.0], [3.0]]
     final_changed = [[1.0, 0.0, 7.0], [0.0, 1.0], [3.0]]
     for fn, kwargs in (
+        (credit.final_plus_mean, {}),
         (credit.process_grpo, {}),
         (credit.return_to_go, {"gamma": 1.0}),
         (credit.final_only, {}),
@@ -314,19 +322,21 @@ TERMS = {
 }
 
 
+@pytest.mark.parametrize("fn", [DEFAULT, credit.process_grpo])
 @pytest.mark.parametrize("term", sorted(TERMS))
-def test_every_reward_term_reaches_the_default_advantages(term):
+def test_every_reward_term_reaches_the_default_advantages(term, fn):
     records = _group()
-    before = DEFAULT(_rewards(records), "ggg")
+    before = fn(_rewards(records), "ggg")
     changed, config = TERMS[term](records, PAPER)
-    after = DEFAULT(_rewards(changed, config), "ggg")
+    after = fn(_rewards(changed, config), "ggg")
     assert not all(np.allclose(a, b) for a, b in zip(before, after)), term
 
 
-def test_a_minus_one_and_a_minus_fifty_timeout_give_different_advantages():
+@pytest.mark.parametrize("fn", [DEFAULT, credit.process_grpo])
+def test_a_minus_one_and_a_minus_fifty_timeout_give_different_advantages(fn):
     records = _group()[::2]  # the early correct STOP and the timeout
-    mild = DEFAULT(_rewards(records), "gg")
-    harsh = DEFAULT(_rewards(records, dataclasses.replace(PAPER, timeout_reward=-50.0)), "gg")
+    mild = fn(_rewards(records), "gg")
+    harsh = fn(_rewards(records, dataclasses.replace(PAPER, timeout_reward=-50.0)), "gg")
     assert not np.allclose(mild[1], harsh[1]) and not np.allclose(mild[0], harsh[0])
     for adv in (mild, harsh):
         assert np.all(adv[1][:3] < 0) and np.all(adv[0] > 0)
@@ -416,14 +426,17 @@ def test_an_early_correct_stop_is_not_ranked_below_a_long_wrong_episode():
 
 
 def test_process_grpo_can_rank_a_long_run_of_continues_above_an_early_correct_stop():
-    # A known limit of summing the paper's rewards (docs/reproducing.md): each CONTINUE on a bad
-    # hypothesis earns 2 * (s + 1), above a mediocre group's mean step reward, so 12 of them
-    # outweigh one early correct STOP at step 0 once the rest of the group stops prematurely.
+    # Why it is no longer the default (docs/reproducing.md): each CONTINUE on a bad hypothesis
+    # earns 2 * (s + 1), above a mediocre group's mean step reward, so 12 of them outweigh one
+    # early correct STOP at step 0 once the rest of the group stops prematurely.
     correct = stopped(step(C, 0.8), step(G), step(R, 0.9))
     wrong = timed_out(*cycles(13), step(C, 0.2))
     mediocre = stopped(*cycles(2, plan=0.5, hypothesis=0.5), step(C, 0.5), step(G), step(R, 0.6))
-    adv = DEFAULT(_rewards([correct, wrong] + [mediocre] * 4), "g" * 6)
+    group = _rewards([correct, wrong] + [mediocre] * 4)
+    adv = credit.process_grpo(group, "g" * 6)
     np.testing.assert_allclose([adv[0][0], adv[1][0]], [3.21, 5.46], atol=0.01)
+    adv = DEFAULT(group, "g" * 6)
+    assert adv[0][0] > adv[1][0] and adv[0][2] > adv[1][2]
     # Per position the early STOP still wins step 0 (and the timeout is invisible).
     adv = credit.return_to_go(_rewards([correct, wrong] + [mediocre] * 4), "g" * 6)
     assert adv[0][0] > adv[1][0]
