@@ -42,6 +42,7 @@ class Phase(enum.Enum):
 
 DISPLAY_MODES = ("repr", "str")
 FAILED_INPUT_DISPLAYS = ("error", "literal")
+CONVERSATIONS = ("fresh", "multi_turn")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,6 +82,7 @@ class EpisodeConfig:
     display_mode: str = "repr"
     input_format: str = "lenient"
     failed_input_display: str = "error"
+    conversation: str = "fresh"
 
     def __post_init__(self):
         if self.call_budget < 1:
@@ -101,6 +103,15 @@ class EpisodeConfig:
         if self.display_mode not in DISPLAY_MODES:
             raise ValueError(
                 f"display_mode must be one of {DISPLAY_MODES}, got {self.display_mode!r}"
+            )
+        if self.conversation not in CONVERSATIONS:
+            raise ValueError(
+                f"conversation must be one of {CONVERSATIONS}, got {self.conversation!r}"
+            )
+        if self.conversation == "multi_turn" and self.history_window is not None:
+            raise ValueError(
+                f"history_window={self.history_window} needs conversation='fresh': a "
+                "multi_turn conversation keeps every observation in context; set one of them"
             )
 
 
@@ -341,10 +352,33 @@ def answer_shape(state: EpisodeState, config: EpisodeConfig | None = None) -> An
 
 
 def messages(state: EpisodeState, config: EpisodeConfig) -> list[dict]:
-    """Chat messages for the current phase."""
+    """Chat messages for the current phase.
+
+    'fresh': the phase's own [system, user] prompt. 'multi_turn': the first phase's prompt,
+    then the previous step's conversation + its reply + one user turn (`_turn`).
+    """
     if state.phase is Phase.DONE:
         raise ValueError(f"episode {state.task.task_id} is finished; it has no next prompt")
-    return _BUILDERS[state.phase](view(state, config))
+    current = view(state, config)
+    if config.conversation == "fresh" or not state.steps:
+        return _BUILDERS[state.phase](current)
+    last = state.steps[-1]
+    reply = {"role": "assistant", "content": last.output}
+    return [*last.messages, reply, _turn(state, config, current)]
+
+
+def _turn(state: EpisodeState, config: EpisodeConfig, current: prompts.EpisodeView) -> dict:
+    """The user turn a multi-turn conversation appends for the current phase: only what is new."""
+    if state.phase is Phase.GENERATE:
+        return prompts.generate_turn(current)
+    if state.phase is Phase.REVISE:
+        return prompts.revise_turn(current)
+    revision, late = state.steps[-1], ""
+    newest = state.steps[-2] if len(state.steps) > 1 else None  # the input before the revision
+    if not config.reflection_sees_newest and newest is not None and newest.parse_ok:
+        late = f"{newest.call} -> {newest.result}"  # the revision turn showed the call alone
+    error = "" if revision.parse_ok else revision.parse_error
+    return prompts.conceptualize_turn(current, late_result=late, revision_error=error)
 
 
 def _expect(state: EpisodeState, phase: Phase) -> None:

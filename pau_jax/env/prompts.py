@@ -3,11 +3,18 @@
 Each phase of the three-phase loop has one builder returning chat messages
 (`[{"role": ..., "content": ...}]`). Builders are pure functions of an
 `EpisodeView`: what the agent may see at that moment.
+
+Two conversation shapes (`EpisodeConfig.conversation`): 'fresh' (prompts
+`PROMPT_VERSION`) builds every phase's prompt anew as [system, user] with the
+whole context; 'multi_turn' (prompts `MULTI_TURN_PROMPT_VERSION`) opens with the
+fresh first prompt and then appends, per phase, the agent's reply and one user
+turn (`*_turn`) holding only what is new and that phase's instruction.
 """
 
 import dataclasses
 
 PROMPT_VERSION = "pau-v2"
+MULTI_TURN_PROMPT_VERSION = "pau-mt-v1"
 
 SYSTEM = (
     "You are probing an unknown Python function to work out exactly what it does. "
@@ -85,6 +92,40 @@ def _context(view: EpisodeView) -> str:
     return "\n\n".join(parts)
 
 
+_CONCEPTUALIZE_INSTRUCTION = (
+    "Think about which input would be most informative next: one whose output "
+    "could confirm or refute the current hypothesis, or reveal behaviour you have "
+    "not seen. Explain your reasoning briefly and end by describing the input you "
+    "will try. Do not write the call itself yet."
+)
+
+_REVISE_INSTRUCTION = (
+    "Revise your hypothesis so that it explains every observation above. Describe "
+    "what the function computes, precisely and completely, including edge cases and "
+    "errors. Then decide whether you are confident enough to stop.\n"
+    "Answer in exactly this format:\n"
+    "Hypothesis: <your description of the function>\n"
+    "Decision: CONTINUE or STOP"
+)
+
+
+def _generate_instruction(view: EpisodeView) -> str:
+    """The generation phase's request: the argument tuple of the arity, with an example."""
+    n = view.n_params
+    if n is None:
+        arity = "as a Python tuple of literals"
+    else:
+        arity = f"as a Python tuple of exactly {n} literal{'s' if n != 1 else ''}"
+    example = view.input_example or "(3, 'abc', [1, 2])"
+    return (
+        f"Now write the arguments for the next call {arity}, one per parameter of the "
+        "header, in a fenced block, and nothing else: no function definition, no code, "
+        f"no explanation. For example:\n```\n{example}\n```\n"
+        "The example shows only the form: choose the values your plan needs, and do not "
+        "repeat a call you have already made."
+    )
+
+
 def conceptualize_messages(view: EpisodeView) -> list[dict]:
     """Phase 1: reason about the most informative next input (after the critique, if any)."""
     advice = ""
@@ -92,48 +133,68 @@ def conceptualize_messages(view: EpisodeView) -> list[dict]:
         advice = (
             f"Lessons from your earlier explorations of similar functions:\n{view.critique}\n\n"
         )
-    user = (
-        f"{_context(view)}\n\n{advice}"
-        "Think about which input would be most informative next: one whose output "
-        "could confirm or refute the current hypothesis, or reveal behaviour you have "
-        "not seen. Explain your reasoning briefly and end by describing the input you "
-        "will try. Do not write the call itself yet."
-    )
+    user = f"{_context(view)}\n\n{advice}{_CONCEPTUALIZE_INSTRUCTION}"
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 
 def generate_messages(view: EpisodeView) -> list[dict]:
     """Phase 2: write the argument tuple as Python literals."""
-    n = view.n_params
-    if n is None:
-        arity = "as a Python tuple of literals"
-    else:
-        arity = f"as a Python tuple of exactly {n} literal{'s' if n != 1 else ''}"
-    example = view.input_example or "(3, 'abc', [1, 2])"
     user = (
         f"{_context(view)}\n\n"
         f"Your plan for the next input:\n{view.reasoning or '(none)'}\n\n"
-        f"Now write the arguments for the next call {arity}, one per parameter of the "
-        "header, in a fenced block, and nothing else: no function definition, no code, "
-        f"no explanation. For example:\n```\n{example}\n```\n"
-        "The example shows only the form: choose the values your plan needs, and do not "
-        "repeat a call you have already made."
+        f"{_generate_instruction(view)}"
     )
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 
 def revise_messages(view: EpisodeView) -> list[dict]:
     """Phase 3: revise the hypothesis and decide whether to continue."""
-    user = (
-        f"{_context(view)}\n\n"
-        "Revise your hypothesis so that it explains every observation above. Describe "
-        "what the function computes, precisely and completely, including edge cases and "
-        "errors. Then decide whether you are confident enough to stop.\n"
-        "Answer in exactly this format:\n"
-        "Hypothesis: <your description of the function>\n"
-        "Decision: CONTINUE or STOP"
-    )
+    user = f"{_context(view)}\n\n{_REVISE_INSTRUCTION}"
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def conceptualize_turn(
+    view: EpisodeView, *, late_result: str = "", revision_error: str = ""
+) -> dict:
+    """Multi-turn, after a revision: calls left and the conceptualisation request.
+
+    Args:
+      view: the episode as the fresh prompt would show it.
+      late_result: the newest call with its result, when the revision turn showed the
+        call alone (``reflection_sees_newest=False``); '' shows none.
+      revision_error: why the revision just made could not be read ('' when it was);
+        the turn then also shows the hypothesis the episode holds.
+    """
+    parts = []
+    if late_result:
+        parts.append(f"Result of your last call:\n{late_result}")
+    if revision_error:
+        parts.append(
+            f"Your revision could not be read ({revision_error}). Current hypothesis:\n"
+            f"{view.hypothesis or '(none yet)'}"
+        )
+    parts += [f"Calls left: {view.calls_left}", _CONCEPTUALIZE_INSTRUCTION]
+    return {"role": "user", "content": "\n\n".join(parts)}
+
+
+def generate_turn(view: EpisodeView) -> dict:
+    """Multi-turn, after the plan (the reply above): the request for the argument tuple."""
+    return {"role": "user", "content": _generate_instruction(view)}
+
+
+def revise_turn(view: EpisodeView) -> dict:
+    """Multi-turn, after an input: the newest call's result, calls left, the revision request.
+
+    With ``view.newest_call`` set (``reflection_sees_newest=False``) the call is shown
+    without its result, which the next conceptualisation turn then shows.
+    """
+    if view.newest_call:
+        newest = f"You just called:\n{view.newest_call}"
+    else:
+        last = view.observations[-1]
+        newest = f"Result of your call:\n{last.call} -> {last.result}"
+    content = f"{newest}\n\nCalls left: {view.calls_left}\n\n{_REVISE_INSTRUCTION}"
+    return {"role": "user", "content": content}
 
 
 def in_context_messages(view: EpisodeView) -> list[dict]:

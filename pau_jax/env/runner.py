@@ -16,7 +16,9 @@ The policy may return plain texts or reply objects with a `.text` (e.g.
 `run_episode_states` keeps those replies per step together with each finished
 `EpisodeState`, which is what rollouts for training need. Episodes are keyed by
 `EpisodeSpec.episode_id` (the task id unless set), so one task can be run many
-times at once (a GRPO group).
+times at once (a GRPO group). In a multi-turn conversation the previous reply's
+token ids ride on its assistant message (`turns.with_tokens`), so a local policy
+extends its last prompt by ids; the recorded messages stay plain text.
 """
 
 import concurrent.futures
@@ -28,7 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pau_jax.env import episode, jsonl
+from pau_jax.env import episode, jsonl, turns
 from pau_jax.env.episode import EpisodeConfig, EpisodeState, Phase
 
 
@@ -163,6 +165,22 @@ def _text(reply: Any) -> str:
     return reply if isinstance(reply, str) else reply.text
 
 
+def _conversation(state: EpisodeState, replies: list, config: EpisodeConfig) -> list[dict]:
+    """The current phase's conversation; multi-turn: the last reply's ids on its message."""
+    conversation = episode.messages(state, config)
+    if config.conversation == "multi_turn":
+        conversation = turns.with_tokens(conversation, replies[-1] if replies else None)
+    return conversation
+
+
+def _finished(spec: EpisodeSpec, state: EpisodeState, replies: list, seconds: float):
+    """The `FinishedEpisode` of an episode that ended, with its record."""
+    record = episode_record(state, seconds=seconds, episode_id=spec.episode_id, replies=replies)
+    return FinishedEpisode(
+        spec=spec, state=state, replies=tuple(replies), seconds=seconds, record=record
+    )
+
+
 def run_episode_states(
     specs: Sequence[EpisodeSpec],
     policy,
@@ -216,7 +234,7 @@ def run_episode_states(
     try:
         while active:
             order = list(active)
-            conversations = [episode.messages(active[e], config) for e in order]
+            conversations = [_conversation(active[e], replies[e], config) for e in order]
             if takes_answers:  # structured decoding
                 answers = [episode.answer_shape(active[e], config) for e in order]
                 outputs = policy(conversations, answers=answers)
@@ -244,22 +262,11 @@ def run_episode_states(
             for eid, future in calls.items():
                 active[eid] = episode.on_result(active[eid], future.result(), config)
             for eid in [e for e in order if active[e].phase is Phase.DONE]:
-                state = active.pop(eid)
                 seconds = time.perf_counter() - started[eid]
-                record = episode_record(
-                    state, seconds=seconds, episode_id=eid, replies=replies[eid]
-                )
-                finished.append(
-                    FinishedEpisode(
-                        spec=by_id[eid],
-                        state=state,
-                        replies=tuple(replies.pop(eid)),
-                        seconds=seconds,
-                        record=record,
-                    )
-                )
+                done = _finished(by_id[eid], active.pop(eid), replies.pop(eid), seconds)
+                finished.append(done)
                 if path is not None:
-                    jsonl.append(path, [record])
+                    jsonl.append(path, [done.record])
             if progress and total:
                 rate = len(finished) / max(time.perf_counter() - t0, 1e-9)
                 print(

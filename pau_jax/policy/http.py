@@ -212,7 +212,8 @@ class HTTPPolicy:
         c = self.config
         payload = {
             "model": self.model,
-            "messages": list(messages),
+            # Role and content only: keys a local policy reads (e.g. token ids) stay here.
+            "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
             "max_tokens": c.max_tokens,
             "temperature": c.temperature,
             "top_p": c.top_p,

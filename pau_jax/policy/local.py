@@ -5,6 +5,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pau_jax.env import turns
+from pau_jax.policy import turn_ids
 from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig
 from pau_jax.sampling import constraint, generate, output
 from pau_jax.sampling.prefix_cache import PrefixCache
@@ -87,6 +89,7 @@ class LocalPolicy:
             if token in vocab:
                 stop.add(int(vocab[token]))
         self.stop_token_ids = tuple(sorted(t for t in stop if t is not None))
+        self._end_texts = tuple(tokenizer.convert_ids_to_tokens(list(self.stop_token_ids)))
         self._vocab: constraint.Vocabulary | None = None  # token bytes, for structured decoding
 
     @property
@@ -128,9 +131,17 @@ class LocalPolicy:
         return automaton, starts
 
     def encode(self, conversation: Sequence[dict]) -> list[int]:
-        """Token ids of the prompt for one conversation (generation prompt appended)."""
+        """Token ids of the prompt for one conversation (generation prompt appended).
+
+        A multi-turn conversation whose last reply carries its ids (`env.turns.TOKENS`) is
+        extended by ids (`turn_ids.extend`): the previous prompt and the reply as sampled,
+        then the appended messages encoded on their own; any other is rendered whole.
+        """
+        extended = turn_ids.extend(self.tokenizer, self._render, conversation, self._end_texts)
+        if extended is not None:
+            return extended
         ids = self.tokenizer.apply_chat_template(
-            list(conversation),
+            turns.without_tokens(conversation),
             add_generation_prompt=True,
             tokenize=True,
             enable_thinking=self.sampling.enable_thinking,
@@ -138,6 +149,15 @@ class LocalPolicy:
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return [int(i) for i in ids]
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        """The chat template's text of plain messages."""
+        return self.tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            enable_thinking=self.sampling.enable_thinking,
+        )
 
     def complete(
         self,

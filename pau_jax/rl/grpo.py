@@ -20,6 +20,12 @@ and the aggregation turns [B, T] token losses into ``loss_sum / denominator``:
   summed / number of sequences with at least one token (Dr. GRPO's constant
   normaliser; its advantages without the std are a credit rule, ``rl.credit``).
 
+A sequence is one phase's reply. A row holds one phase, or a whole episode (the
+final token sequence, every reply in the loss, ``rl.samples.EpisodeSample``); then
+``sequence_tokens`` [B, T] gives each loss token the token count of its own phase
+and ``sequences`` [B] the phases of the row, so every aggregation is the number
+one row per phase gives. Without them each row is one sequence.
+
 Each aggregation is one function in ``_AGGREGATE``.
 
 Returning the pair keeps micro-batching exact: summing ``loss_sum`` and
@@ -35,23 +41,24 @@ from pau_jax.training import step as step_lib
 from pau_jax.training.logprobs import token_logprobs
 
 
-def _token_mean(token_sum, counts, config):
+def _token_mean(losses, mask, sequence_tokens, sequences, config):
     """Every token of the batch counts once: sum / number of tokens."""
-    return jnp.sum(token_sum), jnp.sum(counts)
+    return jnp.sum(losses), jnp.sum(mask)
 
 
-def _sequence_mean_token_mean(token_sum, counts, config):
+def _sequence_mean_token_mean(losses, mask, sequence_tokens, sequences, config):
     """Each sequence's token mean, averaged over the sequences with tokens."""
-    return jnp.sum(token_sum / jnp.maximum(counts, 1.0)), jnp.sum((counts > 0).astype(jnp.float32))
+    return jnp.sum(losses / jnp.maximum(sequence_tokens, 1.0)), jnp.sum(sequences)
 
 
-def _sequence_mean_token_sum_norm(token_sum, counts, config):
+def _sequence_mean_token_sum_norm(losses, mask, sequence_tokens, sequences, config):
     """Each sequence's token sum / ``max_length`` (a constant; Dr. GRPO), averaged over sequences."""
-    return jnp.sum(token_sum) / config.max_length, jnp.sum((counts > 0).astype(jnp.float32))
+    return jnp.sum(losses) / config.max_length, jnp.sum(sequences)
 
 
-# Aggregation name -> fn(token_sum [B], counts [B], config) -> (loss_sum, denominator).
-# A new aggregation is a function here and one entry.
+# Aggregation name -> fn(losses [B, T] (masked), mask [B, T], sequence_tokens [B, T],
+# sequences [B], config) -> (loss_sum, denominator). A new aggregation is a function here
+# and one entry.
 _AGGREGATE = {
     "token-mean": _token_mean,
     "sequence-mean-token-mean": _sequence_mean_token_mean,
@@ -110,6 +117,8 @@ def policy_loss(
     *,
     ref_logp: jax.Array | None = None,
     entropy: jax.Array | None = None,
+    sequence_tokens: jax.Array | None = None,
+    sequences: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """The GRPO loss of a (micro-)batch as (loss_sum, denominator, statistics).
 
@@ -121,6 +130,9 @@ def policy_loss(
       config: the objective's constants.
       ref_logp: [B, T] reference (base model) log-probs; needed when beta > 0.
       entropy: [B, T] entropies for the statistics (optional).
+      sequence_tokens: [B, T], per loss token the loss tokens of its sequence (phase);
+        None: each row is one sequence.
+      sequences: [B], sequences with a loss token per row (given with ``sequence_tokens``).
 
     Returns:
       (scalar loss sum, scalar denominator, statistics: sums, and ``*_min``/``*_max``
@@ -144,9 +156,13 @@ def policy_loss(
         if config.beta > 0:
             per_token = per_token + config.beta * kl
 
-    token_sum = jnp.sum(per_token * mask, axis=-1)  # [B]
-    counts = jnp.sum(mask, axis=-1)  # [B]
-    loss_sum, denominator = _AGGREGATE[config.aggregation](token_sum, counts, config)
+    if sequence_tokens is None:  # one sequence per row
+        counts = jnp.sum(mask, axis=-1)  # [B]
+        sequence_tokens = jnp.broadcast_to(counts[:, None], mask.shape)
+        sequences = (counts > 0).astype(jnp.float32)
+    loss_sum, denominator = _AGGREGATE[config.aggregation](
+        per_token * mask, mask, sequence_tokens.astype(jnp.float32), sequences, config
+    )
 
     is_clipped = ((adv > 0) & (ratio > 1.0 + config.eps_high)) | (
         (adv < 0) & (ratio < 1.0 - config.eps_low)
@@ -204,6 +220,8 @@ class GRPOLoss:
             self.config,
             ref_logp=ref_logp,
             entropy=entropy,
+            sequence_tokens=batch.sequence_tokens,
+            sequences=batch.sequences,
         )
 
     def metrics(self, loss_sum, denominator, stats) -> dict:

@@ -51,15 +51,19 @@ class LearnerConfig(step_lib.OptimizerConfig):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Batch:
-    """Training sequences (prompt + sampled completion), one step of an episode per row.
+    """Training sequences: per row one step of an episode (prompt + reply) or a whole episode.
 
     Attributes:
       input_ids: [B, T] int32.
       attention_mask: [B, T], 1 for real tokens (left padding allowed).
-      loss_mask: [B, T] float32, 1 on completion tokens.
+      loss_mask: [B, T] float32, 1 on sampled tokens.
       advantages: [B] per sequence or [B, T] per token.
       sampler_logprobs: [B, T] log-probs of the tokens under the sampler,
         aligned as in ``grpo`` (column t scores token t).
+      sequence_tokens: [B, T] float32, per loss token the number of loss tokens of its
+        step (its sequence), so a row of several steps aggregates as one row per step
+        (``grpo``); None: each row is one sequence.
+      sequences: [B] float32, steps with a loss token per row (None with ``sequence_tokens``).
     """
 
     input_ids: jax.Array
@@ -67,6 +71,8 @@ class Batch:
     loss_mask: jax.Array
     advantages: jax.Array
     sampler_logprobs: jax.Array
+    sequence_tokens: jax.Array | None = None
+    sequences: jax.Array | None = None
 
 
 def init_state(model: nnx.Module, config: LearnerConfig) -> TrainState:

@@ -3,9 +3,9 @@
 ``train`` reads top to bottom: open the run (``training.run``: mesh → actor
 with adapters → checkpointer) → tasks (``tasks.load_tasks``) → learner →
 resume → per step: sampler layout → task groups → ``rollout.collect`` →
-``samples.make_batch`` → learner layout → train step → sync → optional
-evaluation → log → checkpoint → PEFT adapter export; each stage that takes
-more than a line is a function below it (``_run_settings``, ``_learner``,
+``samples.make_batch`` (or ``make_micro_batches``) → learner layout → train
+step → sync → optional evaluation → log → checkpoint → PEFT adapter export;
+each stage that takes more than a line is a function below it (``_run_settings``, ``_learner``,
 ``_actor``, ``_update``, ``_log``, ``_save``). Every argument is keyword-only
 and gin-bindable (``pau_jax.experiment.train``). Distillation is its own run
 mode (``sft.distill.distill``).
@@ -79,14 +79,44 @@ def critic_seed(seed: int, step: int) -> int:
 
 
 def _critic(critic, r: run_lib.Run, critic_config: CriticConfig, specs):
-    """``critic(seed) -> policy``: the frozen base model (``'self'``) or another backend."""
+    """``critic(seed) -> policy``: the frozen base model (``'self'``) or another backend.
+
+    ``'self'`` and a served critic (``HTTPBackendConfig``, from ``_served_critic``)
+    sample with the step's seed; another backend is built once and keeps its own.
+    """
     if critic == SELF:
         sampling, gib = critic_config.sampling, critic_config.prefix_cache_gib
         return lambda seed: r.base_policy(
             dataclasses.replace(sampling, seed=seed), prefix_cache_gib=gib
         )
+    if isinstance(critic, backends.HTTPBackendConfig):
+        return lambda seed: backends.build_policy(
+            dataclasses.replace(critic, http=dataclasses.replace(critic.http, seed=seed)), specs
+        )
     policy = backends.build_policy(critic, specs)
     return lambda seed: policy
+
+
+def _served_critic(critic, critic_config: CriticConfig):
+    """``critic``, a served one (``HTTPBackendConfig``) sampling as ``critic_config.sampling``.
+
+    Its endpoint is sent the critic's temperature and ``max_new_tokens`` (the
+    released critic: temperature 1, 300 tokens). The seat's ``HTTPConfig`` may
+    leave them at their defaults or repeat them; another value is refused.
+    """
+    if not isinstance(critic, backends.HTTPBackendConfig):
+        return critic
+    sampling, http = critic_config.sampling, critic.http
+    defaults = {f.name: f.default for f in dataclasses.fields(http)}
+    wanted = {"temperature": sampling.temperature, "max_tokens": sampling.max_new_tokens}
+    for field, value in wanted.items():
+        given = getattr(http, field)
+        if given not in (defaults[field], value):
+            raise ValueError(
+                f"the critic seat's HTTPConfig.{field}={given} differs from the critic's sampling "
+                f"({value}); set it once, in CriticConfig.sampling (gin: critic/SamplingConfig)"
+            )
+    return dataclasses.replace(critic, http=dataclasses.replace(http, **wanted))
 
 
 def _actor(r: run_lib.Run, rollout_config: RolloutConfig, seed: int) -> LocalPolicy:
@@ -155,7 +185,7 @@ def train(
     critic="self",
     critic_config: CriticConfig = CriticConfig(),
     reward_config: RewardConfig | None = None,
-    advantage_fn: Callable = credit.process_grpo,
+    advantage_fn: Callable = credit.final_plus_mean,
     learner_config: LearnerConfig = LearnerConfig(),
     epochs: float = 5.0,
     steps: int | None = None,
@@ -182,11 +212,11 @@ def train(
       rollout_config: batch, group and sampling settings of the actor; its sampling
         temperature is also the learner's (``GRPOConfig.temperature`` is set from it).
       critic: ``'self'`` (the frozen base model, the paper's setup) or a backend of
-        ``pau_jax.policy.backends`` (e.g. an endpoint).
-      critic_config: the critic's prompts and sampling (with ``critic='self'``).
+        ``pau_jax.policy.backends`` (an endpoint is sent the critic's sampling).
+      critic_config: the critic's prompts and sampling, with a fresh seed each step.
       reward_config: the reward schedule (None: defaults); its ``max_steps`` is set
         from ``episode_config.max_steps`` (T_max, one setting).
-      advantage_fn: the credit function (``@pau_jax.rl.credit.process_grpo``, ...).
+      advantage_fn: the credit function (``@pau_jax.rl.credit.final_plus_mean``, ...).
       learner_config: optimiser and GRPO constants.
       epochs: passes over the training tasks (used when ``steps`` is None).
       steps: number of training steps; overrides ``epochs``.
@@ -203,8 +233,8 @@ def train(
         process plays its share of the batch's tasks and only process 0 writes files.
       sandbox_workers: sandbox worker processes.
     """
-    learner_config, reward_config = _run_settings(
-        critic, episode_config, rollout_config, learner_config, reward_config
+    learner_config, reward_config, critic = _run_settings(
+        critic, critic_config, episode_config, rollout_config, learner_config, reward_config
     )
     with (
         run_lib.open_run(
@@ -249,12 +279,15 @@ def train(
         return r.finish(summary)
 
 
-def _run_settings(critic, episode_config, rollout_config, learner_config, reward_config):
-    """(learner config, reward config) with what the run sets: one setting each.
+def _run_settings(
+    critic, critic_config, episode_config, rollout_config, learner_config, reward_config
+):
+    """(learner config, reward config, critic) with what the run sets: one setting each.
 
     The learner scores at the actor's sampling temperature; the rewards use the
-    episode's T_max. Refuses a critic that is neither ``'self'`` nor a seat, and
-    episodes without a step limit.
+    episode's T_max; a served critic samples as ``critic_config`` (``_served_critic``).
+    Refuses a critic that is neither ``'self'`` nor a seat, and episodes without a
+    step limit.
     """
     if critic != SELF and not hasattr(critic, "build"):
         raise ValueError(
@@ -275,7 +308,8 @@ def _run_settings(critic, episode_config, rollout_config, learner_config, reward
     t_max = _from_run(
         "RewardConfig.max_steps", reward_config, "max_steps", episode_config.max_steps
     )
-    return learner_config, dataclasses.replace(reward_config, max_steps=t_max)
+    reward_config = dataclasses.replace(reward_config, max_steps=t_max)
+    return learner_config, reward_config, _served_critic(critic, critic_config)
 
 
 def _tasks(dataset, tasks, references, executor, episode_config):
@@ -302,19 +336,29 @@ def _learner(r: run_lib.Run, learner_config: LearnerConfig, seed: int):
 
 
 def _update(r: run_lib.Run, train_step, state, rollout, *, pad_to_multiple: int, rows: int):
-    """One GRPO update on a rollout's samples: (state, train metrics, batch, reshard seconds).
+    """One GRPO update on a rollout's samples: (state, train metrics, batches, reshard seconds).
 
-    The batch is padded to the largest of all processes', the actor moved to the
-    learner layout, and the new adapters synced into it.
+    Without a mesh and with micro-batches, the rows go longest first in micro-batches of
+    their own lengths (``samples.make_micro_batches``); otherwise in one batch, padded to
+    the largest of all processes'. The actor is moved to the learner layout, and the new
+    adapters synced into it.
     """
-    batch = samples.make_batch(rollout.samples, pad_to_multiple=pad_to_multiple, rows_multiple=rows)
-    batch = parallel.pad_to_largest_batch(batch)
+    micro = train_step.micro_batch_size
+    if r.mesh is None and micro:
+        batches = samples.make_micro_batches(
+            rollout.samples, micro_batch_size=micro, pad_to_multiple=pad_to_multiple
+        )
+    else:
+        batch = samples.make_batch(
+            rollout.samples, pad_to_multiple=pad_to_multiple, rows_multiple=rows
+        )
+        batches = [parallel.pad_to_largest_batch(batch)]
     reshard_s = r.to_layout(parallel.LEARNER_RULES)
     if r.mesh is not None:
-        batch = parallel.shard_batch(batch, r.mesh)
-    state, train_metrics = train_step(state, batch)
+        batches = [parallel.shard_batch(batches[0], r.mesh)]
+    state, train_metrics = train_step(state, batches if len(batches) > 1 else batches[0])
     learner.sync_model(r.model, state)
-    return state, train_metrics, batch, reshard_s
+    return state, train_metrics, batches, reshard_s
 
 
 def _log(
@@ -359,8 +403,9 @@ def _metrics(rollout, train_metrics, batch, t0: float, t1: float, reshard_s: flo
     out.update({name: float(value) for name, value in train_metrics.items()})
     out.update(
         {
-            "train/batch_rows": float(batch.input_ids.shape[0]),
-            "train/batch_length": float(batch.input_ids.shape[1]),
+            "train/batch_rows": float(sum(b.input_ids.shape[0] for b in batch)),
+            "train/batch_length": float(max(b.input_ids.shape[1] for b in batch)),
+            "train/batch_tokens": float(sum(b.input_ids.size for b in batch)),
             "time/rollout_seconds": t1 - t0,
             "time/update_seconds": time.perf_counter() - t1,
         }

@@ -5,12 +5,17 @@ group) as one batch through the episode runner with the actor, has the critic
 score every reasoning and reflection step of every episode in one batched
 call, turns each episode into per-step rewards (``rewards.record_from_state``,
 ``rewards.episode_rewards``) and the rewards into advantages with the chosen
-credit function (the group of an episode is its task), and returns one
-training ``Sample`` per step: that phase's prompt ids, the generated ids, the
-sampler's log-probs and the step's advantage.
+credit function (the group of an episode is its task), and returns the
+training rows: one ``EpisodeSample`` per episode whose every phase's prompt is a
+token prefix of the next (a multi-turn conversation of a local policy: the final
+token sequence, each reply in the loss with its step's advantage), else one
+``Sample`` per step (that phase's prompt ids, the generated ids, the sampler's
+log-probs and the step's advantage). ``rollout/episode_rows`` and
+``rollout/phase_rows`` count which.
 """
 
 import dataclasses
+import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -21,7 +26,7 @@ from pau_jax.env.runner import EpisodeSpec, FinishedEpisode
 from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig, check_prefix_cache_gib
 from pau_jax.rl import critic as critic_lib
 from pau_jax.rl import rewards as rewards_lib
-from pau_jax.rl.samples import Sample
+from pau_jax.rl.samples import EpisodeSample, Sample, episode_sample
 from pau_jax.tasks.reference import TaskReference
 
 
@@ -58,6 +63,11 @@ class RolloutConfig:
                 f"tasks_per_batch and group_size must be >= 1, got {self.tasks_per_batch} "
                 f"and {self.group_size}"
             )
+        if self.group_size == 1:
+            raise ValueError(
+                "group_size=1 would train on the KL term alone: a group of one episode has "
+                "nothing to compare, so every group-normalised advantage is 0; use >= 2"
+            )
         if self.sampling.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.sampling.max_new_tokens}")
         if self.sampling.structured in ("constrain_inputs", "typed_inputs"):
@@ -87,7 +97,8 @@ class Rollout:
     """What one collection produced.
 
     Attributes:
-      samples: one per step of every episode, episodes in group order.
+      samples: the training rows, episodes in group order: one ``EpisodeSample`` per
+        episode whose phases are token prefixes of each other, else one ``Sample`` per step.
       metrics: ``rollout/*`` and ``critic/*`` scalars.
       episodes: the finished episodes, ordered group by group.
       group_ids: per episode, its group (the task's position in the batch and its id).
@@ -96,7 +107,7 @@ class Rollout:
       advantages: per episode, [n_steps] float32 advantages.
     """
 
-    samples: list[Sample]
+    samples: list[Sample | EpisodeSample]
     metrics: dict[str, float]
     episodes: list[FinishedEpisode]
     group_ids: list[tuple[int, str]]
@@ -127,6 +138,38 @@ def _sample(reply, advantage: float, where: str) -> Sample:
         sampler_logprobs=list(reply.logprobs),
         advantage=float(advantage),
     )
+
+
+def _rows(episodes, advantages, multi_turn: bool) -> tuple[list, dict[str, float]]:
+    """(training rows, row counts): one row per episode where its phases allow, else per step.
+
+    A multi-turn episode that still needs a row per step (a phase's prompt is not a
+    token prefix of the next, e.g. a policy without token ids) is reported on stderr.
+    """
+    rows, per_episode, per_phase = [], 0, 0
+    for e, episode_adv in zip(episodes, advantages, strict=True):
+        steps = [
+            _sample(reply, adv, f"episode {e.spec.episode_id} step {i}")
+            for i, (reply, adv) in enumerate(zip(e.replies, episode_adv, strict=True))
+        ]
+        whole = episode_sample(e.replies, episode_adv)
+        if whole is None:
+            rows += steps
+            per_phase += len(steps)
+        else:
+            rows.append(whole)
+            per_episode += 1
+    if multi_turn and per_phase:
+        print(
+            f"[rollout] {per_phase} steps trained one row each: their multi-turn prompts are "
+            "not token prefixes of the next (does the actor return token ids?)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return rows, {
+        "rollout/episode_rows": float(per_episode),
+        "rollout/phase_rows": float(per_phase),
+    }
 
 
 def _mean(values) -> float:
@@ -242,13 +285,11 @@ def collect(
     rewards = [rewards_lib.episode_rewards(r, reward_config) for r in records]
     terms = [rewards_lib.episode_terms(r, reward_config) for r in records]
     advantages = advantage_fn(rewards, group_ids)
-    samples = [
-        _sample(reply, adv, f"episode {e.spec.episode_id} step {i}")
-        for e, episode_adv in zip(episodes, advantages)
-        for i, (reply, adv) in enumerate(zip(e.replies, episode_adv, strict=True))
-    ]
+    multi_turn = episode_config.conversation == "multi_turn"
+    samples, row_counts = _rows(episodes, advantages, multi_turn)
     metrics = _metrics(episodes, verdict.scores, rewards, terms, advantages, group_ids, verdict)
     metrics["rollout/episodes_without_steps"] = float(len(specs) - len(episodes))
+    metrics.update(row_counts)
     return Rollout(
         samples=samples,
         metrics=metrics,

@@ -1,14 +1,28 @@
 """Training sequences (prompt, sampled completion, sampler log-probs, advantage) and their batches.
 
+A ``Sample`` is one phase of an episode: its prompt and its reply. An
+``EpisodeSample`` is a whole episode in one row (``episode_sample``, when every
+phase's prompt is a token prefix of the next, as in a multi-turn conversation of a
+local policy): the first prompt, then every reply and every appended turn, the
+replies in the loss with their own phase's advantage and the appended turns out
+of it; it costs one forward and backward of the episode's final length where one
+row per phase costs about half as many as it has phases.
+
 ``make_batch`` lays samples out as the learner's ``Batch`` in the layout of
 ``training.batch.left_pad``. Column ``t`` of ``sampler_logprobs`` scores the token in column ``t``,
 as ``training.logprobs.token_logprobs`` does, so the completion's log-probs sit under the
 completion's tokens and every other column is 0::
 
-    attention_mask  0 0 1 1 1 1 1      (p = prompt, c = completion, . = padding)
-    input_ids       . . p p c c c
-    loss_mask       0 0 0 0 1 1 1
-    sampler_logp    0 0 0 0 l l l
+    attention_mask  0 0 1 1 1 1 1 1 1  (p = prompt, c = completion, u = appended turn)
+    input_ids       . . p p c c u u c  (. = padding; one Sample has no u)
+    loss_mask       0 0 0 0 1 1 0 0 1
+    sampler_logp    0 0 0 0 l l 0 0 l
+
+``sequence_tokens`` gives each loss token the token count of its phase and
+``sequences`` each row's phases, so every GRPO aggregation scores an episode row as
+it scores its phases one row each (``grpo``). ``make_micro_batches`` orders rows by
+length and pads each micro-batch to its own length bucket
+(``training.batch.micro_batches``).
 
 Rows added to reach a multiple of ``rows_multiple`` (e.g. the micro-batch size
 or the data-parallel width) are all padding: zero attention, loss mask and
@@ -18,6 +32,7 @@ advantage, so they contribute nothing to the loss or its denominator.
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -47,10 +62,69 @@ class Sample:
     advantage: float
 
 
-def _check(index: int, sample: Sample) -> None:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpisodeSample:
+    """A whole episode as one training row.
+
+    Attributes:
+      prompt_ids: the first phase's prompt ids.
+      completion_ids: everything after it: each phase's reply, then the turn appended
+        before the next phase (the reply's end-of-turn token when the sampler did not
+        write it, the next user message, the generation prompt).
+      sampler_logprobs: per completion token, its sampler log-prob (0 on appended tokens).
+      phases: per completion token, the phase (from 1) whose reply it is; 0 on appended
+        tokens, which are out of the loss.
+      advantages: per phase, its advantage.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    sampler_logprobs: list[float]
+    phases: list[int]
+    advantages: list[float]
+
+
+def episode_sample(replies: Sequence[Any], advantages: Sequence[float]) -> EpisodeSample | None:
+    """One row for an episode whose every prompt extends the previous prompt and reply.
+
+    Args:
+      replies: per phase, the actor's reply with ``prompt_ids``, ``token_ids`` and
+        ``logprobs`` (``LocalPolicy``'s ``Completion``).
+      advantages: per phase, its advantage.
+
+    Returns:
+      The episode's ``EpisodeSample``, or None when a phase's prompt does not start with
+      the previous prompt and reply (fresh conversations): then train one row per phase.
+    """
+    if len(replies) != len(advantages) or not replies:
+        raise ValueError(f"{len(replies)} replies and {len(advantages)} advantages; pass one each")
+    ids = [int(i) for i in replies[0].prompt_ids]
+    first = len(ids)
+    logprobs, phases = [], []
+    for phase, reply in enumerate(replies, 1):
+        prompt = reply.prompt_ids
+        if len(prompt) < len(ids) or list(prompt[: len(ids)]) != ids:
+            return None
+        appended = [int(i) for i in prompt[len(ids) :]]
+        tokens = [int(i) for i in reply.token_ids]
+        ids += appended + tokens
+        logprobs += [0.0] * len(appended) + [float(x) for x in reply.logprobs]
+        phases += [0] * len(appended) + [phase] * len(tokens)
+    return EpisodeSample(
+        prompt_ids=ids[:first],
+        completion_ids=ids[first:],
+        sampler_logprobs=logprobs,
+        phases=phases,
+        advantages=[float(a) for a in advantages],
+    )
+
+
+def _check(index: int, sample: Sample | EpisodeSample) -> None:
     where = f"sample {index}"
-    if not isinstance(sample, Sample):
-        raise TypeError(f"{where} is a {type(sample).__name__}, expected a samples.Sample")
+    if not isinstance(sample, (Sample, EpisodeSample)):
+        raise TypeError(
+            f"{where} is a {type(sample).__name__}, expected a samples.Sample or EpisodeSample"
+        )
     if len(sample.prompt_ids) == 0:
         raise ValueError(f"{where} has an empty prompt; a completion needs a token to follow")
     if len(sample.completion_ids) == 0:
@@ -63,34 +137,73 @@ def _check(index: int, sample: Sample) -> None:
     logprobs = np.asarray(sample.sampler_logprobs, np.float64)
     if not np.isfinite(logprobs).all() or (logprobs > 1e-6).any():
         raise ValueError(f"{where} has sampler log-probs that are not finite and <= 0")
-    if not math.isfinite(float(sample.advantage)):
+    if isinstance(sample, EpisodeSample):
+        _check_phases(where, sample)
+    elif not math.isfinite(float(sample.advantage)):
         raise ValueError(f"{where} has a non-finite advantage {sample.advantage}")
     ids = np.asarray(list(sample.prompt_ids) + list(sample.completion_ids))
     if ids.dtype.kind not in "iu" or (ids < 0).any():
         raise ValueError(f"{where} has token ids that are not non-negative integers")
 
 
+def _check_phases(where: str, sample: EpisodeSample) -> None:
+    phases = np.asarray(sample.phases)
+    if len(phases) != len(sample.completion_ids):
+        raise ValueError(
+            f"{where} has {len(sample.completion_ids)} completion ids but {len(phases)} phases"
+        )
+    if (phases < 0).any() or (phases > len(sample.advantages)).any() or not (phases > 0).any():
+        raise ValueError(
+            f"{where} has phases outside 1..{len(sample.advantages)} or no phase in the loss"
+        )
+    if not np.isfinite(np.asarray(sample.advantages, np.float64)).all():
+        raise ValueError(f"{where} has a non-finite advantage")
+
+
+def _columns(sample: Sample | EpisodeSample) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Per completion token (loss mask, advantage, tokens of its phase) and the row's phases."""
+    n = len(sample.completion_ids)
+    if isinstance(sample, Sample):
+        return np.ones(n), np.full(n, sample.advantage), np.full(n, float(n)), 1
+    phases = np.asarray(sample.phases)
+    counts = np.bincount(phases, minlength=len(sample.advantages) + 1).astype(np.float64)
+    advantages = np.concatenate([[0.0], np.asarray(sample.advantages, np.float64)])
+    in_loss = phases > 0
+    return (
+        in_loss.astype(np.float64),
+        advantages[phases] * in_loss,
+        counts[phases] * in_loss,
+        int(np.count_nonzero(counts[1:])),
+    )
+
+
 def make_batch(
-    samples: Sequence[Sample],
+    samples: Sequence[Sample | EpisodeSample],
     *,
     pad_to_multiple: int = 8,
     rows_multiple: int = 1,
     pad_id: int = 0,
+    length: int | None = None,
+    per_token_advantages: bool | None = None,
 ) -> Batch:
     """Left-pads samples into a learner ``Batch``.
 
     Args:
-      samples: one or more ``Sample``.
+      samples: one or more ``Sample`` (one phase each) or ``EpisodeSample`` (a whole
+        episode each), mixed as they come.
       pad_to_multiple: T is the longest prompt + completion rounded up to a
         multiple of this.
       rows_multiple: B is the number of samples rounded up to a multiple of
         this; the extra rows are all padding.
       pad_id: token id written in padded positions.
+      length: T itself (at least the longest row), instead of rounding.
+      per_token_advantages: advantages [B, T] rather than [B]; None: [B, T] when some
+        sample is an ``EpisodeSample``.
 
     Returns:
       ``Batch`` with input_ids [B, T] int32, attention_mask [B, T] int32,
-      loss_mask [B, T] float32, advantages [B] float32 and sampler_logprobs
-      [B, T] float32.
+      loss_mask [B, T] float32, advantages [B] or [B, T] float32, sampler_logprobs
+      [B, T] float32, sequence_tokens [B, T] float32 and sequences [B] float32.
 
     Raises:
       ValueError: no samples, bad multiples, or a malformed sample (empty
@@ -105,23 +218,71 @@ def make_batch(
         raise ValueError("make_batch needs at least one sample")
     for index, sample in enumerate(samples):
         _check(index, sample)
-    input_ids, attention, loss = batch_lib.left_pad(
+    episodes = any(isinstance(s, EpisodeSample) for s in samples)
+    if per_token_advantages is None:
+        per_token_advantages = episodes
+    elif episodes and not per_token_advantages:
+        raise ValueError("an EpisodeSample's phases have their own advantages: keep them per token")
+    input_ids, attention, _ = batch_lib.left_pad(
         [s.prompt_ids for s in samples],
         [s.completion_ids for s in samples],
         pad_to_multiple=pad_to_multiple,
         rows_multiple=rows_multiple,
         pad_id=pad_id,
+        length=length,
     )
     rows, length = input_ids.shape
-    sampler = np.zeros((rows, length), np.float32)
-    advantages = np.zeros(rows, np.float32)
+    loss, sampler, token_advantages, sequence_tokens = (
+        np.zeros((rows, length), np.float32) for _ in range(4)
+    )
+    advantages, sequences = np.zeros(rows, np.float32), np.zeros(rows, np.float32)
     for row, sample in enumerate(samples):
-        sampler[row, length - len(sample.completion_ids) :] = sample.sampler_logprobs
-        advantages[row] = sample.advantage
+        start = length - len(sample.completion_ids)
+        mask, advantage, tokens, sequences[row] = _columns(sample)
+        loss[row, start:] = mask
+        sampler[row, start:] = sample.sampler_logprobs
+        token_advantages[row, start:] = advantage
+        sequence_tokens[row, start:] = tokens
+        advantages[row] = 0.0 if isinstance(sample, EpisodeSample) else sample.advantage
     return Batch(
         input_ids=jnp.asarray(input_ids),
         attention_mask=jnp.asarray(attention),
         loss_mask=jnp.asarray(loss),
-        advantages=jnp.asarray(advantages),
+        advantages=jnp.asarray(token_advantages if per_token_advantages else advantages),
         sampler_logprobs=jnp.asarray(sampler),
+        sequence_tokens=jnp.asarray(sequence_tokens),
+        sequences=jnp.asarray(sequences),
     )
+
+
+def make_micro_batches(
+    samples: Sequence[Sample | EpisodeSample],
+    *,
+    micro_batch_size: int,
+    pad_to_multiple: int = 8,
+    pad_id: int = 0,
+) -> list[Batch]:
+    """Micro-batches of ``micro_batch_size`` rows, longest rows first, each at its own length.
+
+    Each micro-batch is padded to the length bucket of its longest row
+    (``training.batch.micro_batches``); the last one is filled with padding rows.
+    ``training.step.TrainStep`` takes the list as one update, equal to the update on
+    one batch of every row.
+
+    Returns:
+      ``Batch``es of ``micro_batch_size`` rows each (see ``make_batch``); advantages
+      [B, T] in all of them when some sample is an ``EpisodeSample``.
+    """
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    per_token = any(isinstance(s, EpisodeSample) for s in samples)
+    plan = batch_lib.micro_batches(lengths, size=micro_batch_size, pad_to_multiple=pad_to_multiple)
+    return [
+        make_batch(
+            [samples[i] for i in rows],
+            rows_multiple=micro_batch_size,
+            pad_id=pad_id,
+            length=length,
+            per_token_advantages=per_token,
+        )
+        for rows, length in plan
+    ]

@@ -11,8 +11,9 @@
 A loss is a hashable callable ``loss(model, batch) -> (loss_sum, denominator,
 stats)`` with a ``metrics(loss_sum, denominator, stats) -> dict`` method. The
 batch is any pytree of [B, ...] arrays the loss understands. It is split into
-micro-batches of ``micro_batch_size`` rows run in a ``lax.scan``; each
-contributes the gradient of its loss *sum*, its denominator and its statistics,
+micro-batches of ``micro_batch_size`` rows run in a ``lax.scan``, or is given as
+a list of micro-batches, each padded to its own length (one call per micro-batch);
+each contributes the gradient of its loss *sum*, its denominator and its statistics,
 and the summed gradient is divided once by the summed denominator, so the update
 equals the full-batch update. Statistics are scalars combined over micro-batches
 by their name: ``*_min`` by minimum, ``*_max`` by maximum, all others by sum.
@@ -160,45 +161,43 @@ def _identity(name: str, shape: jax.ShapeDtypeStruct) -> jax.Array:
     return jnp.zeros(shape.shape, shape.dtype)
 
 
-def _update(graphdef, loss_fn, optimizer: OptimizerConfig, micro_batch_size, base, state, batch):
-    rows = jax.tree.leaves(batch)[0].shape[0]
-    size = micro_batch_size or rows
-    if rows % size:
-        raise ValueError(
-            f"batch of {rows} rows is not a multiple of micro_batch_size={size}; "
-            "pad the batch (rows with an all-zero loss mask) or change micro_batch_size"
-        )
+def _micro_loss_and_grads(graphdef, loss_fn, base, lora, micro):
+    """(LoRA gradients of the loss sum, loss sum, denominator, statistics) of one micro-batch."""
 
     def micro_loss(lora, micro):
         loss_sum, denominator, stats = loss_fn(nnx.merge(graphdef, lora, base), micro)
         return loss_sum, (denominator, stats)
 
-    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-
-    def accumulate(carry, micro):
-        grads, loss_sum, denominator, stats = carry
-        (part_sum, (part_denominator, part_stats)), part_grads = grad_fn(state.lora, micro)
-        return (
-            jax.tree.map(jnp.add, grads, part_grads),
-            loss_sum + part_sum,
-            denominator + part_denominator,
-            {k: _combine(k, stats[k], part_stats[k]) for k in stats},
-        ), None
-
-    micro_batches = jax.tree.map(lambda x: x.reshape(rows // size, size, *x.shape[1:]), batch)
-    first = jax.tree.map(lambda x: x[0], micro_batches)
-    _, (_, stats_shape) = jax.eval_shape(micro_loss, state.lora, first)
-    zero = jnp.zeros((), jnp.float32)
-    carry = (
-        jax.tree.map(jnp.zeros_like, state.lora),
-        zero,
-        zero,
-        {k: _identity(k, v) for k, v in stats_shape.items()},
+    (loss_sum, (denominator, stats)), grads = jax.value_and_grad(micro_loss, has_aux=True)(
+        lora, micro
     )
-    if size == rows:
-        carry, _ = accumulate(carry, batch)
-    else:
-        carry, _ = jax.lax.scan(accumulate, carry, micro_batches)
+    return grads, loss_sum, denominator, stats
+
+
+def _add(carry, part):
+    """Sums of (gradients, loss sum, denominator) and statistics combined by name."""
+    grads, loss_sum, denominator, stats = carry
+    part_grads, part_sum, part_denominator, part_stats = part
+    return (
+        jax.tree.map(jnp.add, grads, part_grads),
+        loss_sum + part_sum,
+        denominator + part_denominator,
+        {k: _combine(k, stats[k], part_stats[k]) for k in stats},
+    )
+
+
+def _empty_carry(graphdef, loss_fn, base, lora, micro):
+    """Zero sums and the statistics' identities, shaped as one micro-batch's results."""
+    _, _, _, stats_shape = jax.eval_shape(
+        functools.partial(_micro_loss_and_grads, graphdef, loss_fn, base), lora, micro
+    )
+    zero = jnp.zeros((), jnp.float32)
+    stats = {k: _identity(k, v) for k, v in stats_shape.items()}
+    return jax.tree.map(jnp.zeros_like, lora), zero, zero, stats
+
+
+def _finish(loss_fn, optimizer: OptimizerConfig, state, carry):
+    """The optimizer step on the summed gradients / summed denominator, and the metrics."""
     grads, loss_sum, denominator, stats = carry
     grads = jax.tree.map(lambda g: g / jnp.maximum(denominator, 1.0), grads)
     updates, opt_state = optimizer.build().update(grads, state.opt_state, state.lora)
@@ -213,9 +212,41 @@ def _update(graphdef, loss_fn, optimizer: OptimizerConfig, micro_batch_size, bas
     return new_state, out
 
 
+def _update(graphdef, loss_fn, optimizer: OptimizerConfig, micro_batch_size, base, state, batch):
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    size = micro_batch_size or rows
+    if rows % size:
+        raise ValueError(
+            f"batch of {rows} rows is not a multiple of micro_batch_size={size}; "
+            "pad the batch (rows with an all-zero loss mask) or change micro_batch_size"
+        )
+
+    def accumulate(carry, micro):
+        return _add(carry, _micro_loss_and_grads(graphdef, loss_fn, base, state.lora, micro)), None
+
+    micro_batches = jax.tree.map(lambda x: x.reshape(rows // size, size, *x.shape[1:]), batch)
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    carry = _empty_carry(graphdef, loss_fn, base, state.lora, first)
+    if size == rows:
+        carry, _ = accumulate(carry, batch)
+    else:
+        carry, _ = jax.lax.scan(accumulate, carry, micro_batches)
+    return _finish(loss_fn, optimizer, state, carry)
+
+
+def _accumulate(graphdef, loss_fn, base, lora, carry, micro):
+    """``carry`` + one micro-batch's gradients and sums (a list of micro-batches, one call each)."""
+    return _add(carry, _micro_loss_and_grads(graphdef, loss_fn, base, lora, micro))
+
+
 # One compiled program per (model structure, loss, optimizer, micro-batch size), shared by
 # every unsharded train step: a resumed or repeated fine-tuning in one process compiles once.
 _shared_update = jax.jit(_update, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+# A list of micro-batches of their own lengths: one accumulation program per micro-batch shape
+# (the carry donated), one empty carry per model, one optimizer step.
+_shared_accumulate = jax.jit(_accumulate, static_argnums=(0, 1), donate_argnums=(4,))
+_shared_empty = jax.jit(_empty_carry, static_argnums=(0, 1))
+_shared_finish = jax.jit(_finish, static_argnums=(0, 1), donate_argnums=(2,))
 
 
 class TrainStep:
@@ -228,6 +259,7 @@ class TrainStep:
       base: the model's non-LoRA state (its own arrays).
       loss_fn: the loss.
       optimizer: the optimizer's config.
+      micro_batch_size: rows per micro-batch of one batch (None: the whole batch).
     """
 
     def __init__(
@@ -260,6 +292,7 @@ class TrainStep:
         graphdef, _, self.base = split_model(model)
         optimizer = optimizer.optimizer()  # An algorithm's config keys the program by these only.
         self.loss_fn, self.optimizer, self.mesh = loss_fn, optimizer, mesh
+        self.micro_batch_size = micro_batch_size
         statics = (graphdef, loss_fn, optimizer, micro_batch_size)
         if in_shardings is None and out_shardings is None:
             self._jit, self._statics = _shared_update, statics
@@ -284,9 +317,33 @@ class TrainStep:
             return self._jit.lower(*self._statics, self.base, state, batch)
 
     def __call__(self, state: TrainState, batch) -> tuple[TrainState, dict]:
-        """One optimizer step on ``batch``; ``state`` is consumed (donated)."""
+        """One optimizer step on ``batch``; ``state`` is consumed (donated).
+
+        ``batch`` is one batch (split into micro-batches of ``micro_batch_size`` rows in a
+        ``lax.scan``) or a list of micro-batches of their own lengths
+        (``rl.samples.make_micro_batches``): one call per micro-batch, compiled once per
+        shape, then one optimizer step; the update equals that on one batch of all rows.
+        """
+        if isinstance(batch, (list, tuple)):
+            return self._micro_batches(state, batch)
         with self._tracing_mesh():
             return self.jitted(self.base, state, batch)
+
+    def _micro_batches(self, state: TrainState, batches) -> tuple[TrainState, dict]:
+        """One optimizer step on the gradients summed over ``batches``."""
+        if not self._statics:
+            raise ValueError(
+                "a list of micro-batches runs without explicit shardings; pass one batch to a "
+                "train step built with in_shardings or out_shardings"
+            )
+        if not batches:
+            raise ValueError("the list of micro-batches is empty; pass at least one")
+        graphdef, loss_fn, optimizer, _ = self._statics
+        with self._tracing_mesh():
+            carry = _shared_empty(graphdef, loss_fn, self.base, state.lora, batches[0])
+            for micro in batches:
+                carry = _shared_accumulate(graphdef, loss_fn, self.base, state.lora, carry, micro)
+            return _shared_finish(loss_fn, optimizer, state, carry)
 
 
 # The compiled update ``train_step(state, batch) -> (state, metrics)`` of a model's adapters:

@@ -201,6 +201,18 @@ def test_request_body_carries_repetition_penalty_only_when_set(faulty):
         HTTPConfig(repetition_penalty=0.0)
 
 
+def test_only_role_and_content_are_sent(faulty):
+    """Keys a local policy reads (token ids of a multi-turn reply) never leave the process."""
+    conversation = [
+        {"role": "user", "content": "Plan?"},
+        {"role": "assistant", "content": "A plan.", "tokens": {"prompt_ids": (1, 2)}},
+        {"role": "user", "content": "Now the call."},
+    ]
+    assert _client(faulty)([conversation]) == ["fine"]
+    (body,) = FaultyHandler.bodies
+    assert body["messages"] == [{"role": m["role"], "content": m["content"]} for m in conversation]
+
+
 def test_faults_are_retried(faulty):
     FaultyHandler.script = ["500", "bad_json", "sleep", "503"]
     client = _client(faulty, max_retries=4, max_concurrency=1)

@@ -1,8 +1,10 @@
 """The AAC training loop: seeded task order, resume equal to an uninterrupted run, the gin runs."""
 
 import dataclasses
+import http.server
 import json
 import pathlib
+import threading
 
 import checkpoints
 import launching
@@ -13,6 +15,7 @@ import safetensors.numpy
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy import backends
 from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig
+from pau_jax.policy.http import HTTPConfig
 from pau_jax.rl import loop
 from pau_jax.rl.critic import CriticConfig
 from pau_jax.rl.grpo import GRPOConfig
@@ -79,6 +82,60 @@ def test_a_sampling_critic_gets_a_fresh_seed_every_step(tmp_path, monkeypatch):
     critic = CriticConfig(sampling=SamplingConfig(max_new_tokens=4, temperature=1.0))
     loop.train(run_dir=str(tmp_path), steps=2, **dict(TINY, critic_config=critic))
     assert seen == [loop.critic_seed(TINY["seed"], 0), loop.critic_seed(TINY["seed"], 1)]
+
+
+class _Rater(http.server.BaseHTTPRequestHandler):
+    """A chat endpoint that rates everything 5 and keeps the request bodies."""
+
+    bodies: list = []
+
+    def log_message(self, *args):
+        del args
+
+    def do_POST(self):  # noqa: N802
+        _Rater.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        body = json.dumps({"choices": [{"message": {"content": "Rating: 5"}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _served_critic(url, **http):
+    return backends.HTTPBackendConfig(http=HTTPConfig(base_url=url, model="critic", **http))
+
+
+def test_a_served_critic_gets_the_steps_seed_and_the_critics_sampling(tmp_path):
+    # The released critic was a served model sampled at temperature 1 (as_released.gin's
+    # critic/SamplingConfig); an endpoint critic is sent that and a fresh seed every step.
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Rater)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    _Rater.bodies = []
+    released = CriticConfig(sampling=SamplingConfig(max_new_tokens=300, temperature=1.0))
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    try:
+        loop.train(
+            run_dir=str(tmp_path),
+            steps=2,
+            **dict(TINY, critic=_served_critic(url), critic_config=released),
+        )
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    seeds = [body["seed"] for body in _Rater.bodies]
+    first, second = loop.critic_seed(TINY["seed"], 0), loop.critic_seed(TINY["seed"], 1)
+    # Every request of step 0 before those of step 1, each step with its own seed.
+    assert seeds[0] == first and seeds[-1] == second and seeds == sorted(seeds)
+    assert set(seeds) == {first, second}
+    assert {(b["temperature"], b["max_tokens"]) for b in _Rater.bodies} == {(1.0, 300)}
+    # A seat that sets its own temperature or token budget is refused before anything loads.
+    for setting in ({"temperature": 0.5}, {"max_tokens": 64}):
+        with pytest.raises(ValueError, match="critic seat's HTTPConfig"):
+            loop.train(
+                run_dir=str(tmp_path / "refused"),
+                **dict(TINY, critic=_served_critic(url, **setting), critic_config=released),
+            )
+    assert not (tmp_path / "refused").exists()
 
 
 class _Stop(Exception):
@@ -185,7 +242,7 @@ def test_every_aac_gin_combination_parses(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (
         "T_MAX = 40" in proc.stdout
-        and "advantage_fn = @pau_jax.rl.credit.process_grpo" in proc.stdout
+        and "advantage_fn = @pau_jax.rl.credit.final_plus_mean" in proc.stdout
     )
 
 
@@ -210,8 +267,12 @@ def test_launch_aac_tiny_end_to_end(tmp_path):
     assert (run_dir / "adapter" / "adapter_model.safetensors").exists()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2
-    assert summary["credit"].startswith("process_grpo") and "pau_jax's reading" in summary["credit"]
-    assert "advantage_fn = @pau_jax.rl.credit.process_grpo" in (run_dir / "config.gin").read_text()
+    assert (
+        summary["credit"].startswith("final_plus_mean") and "pau_jax's reading" in summary["credit"]
+    )
+    assert (
+        "advantage_fn = @pau_jax.rl.credit.final_plus_mean" in (run_dir / "config.gin").read_text()
+    )
     assert list(run_dir.glob("events.out.tfevents.*"))
 
 

@@ -1,14 +1,18 @@
 """Rollout collection end to end over the real sandbox, with scripted actor and critic policies."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from pau_jax.env import turns
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy.local import Completion
 from pau_jax.rl import credit, rollout
 from pau_jax.rl.critic import CriticConfig
 from pau_jax.rl.rewards import RewardConfig
 from pau_jax.rl.rollout import RolloutConfig
+from pau_jax.rl.samples import EpisodeSample, Sample
 from pau_jax.sandbox import Executor
 from pau_jax.tasks import TaskReference
 from pau_jax.tasks import demo as demo_tasks
@@ -188,3 +192,63 @@ def test_mismatched_t_max_is_rejected(tasks, executor):
             critic_config=CriticConfig(),
             advantage_fn=credit.return_to_go,
         )
+
+
+def test_a_group_of_one_is_refused():
+    with pytest.raises(ValueError, match="group_size=1 would train on the KL term alone") as info:
+        RolloutConfig(group_size=1)
+    assert "\n" not in str(info.value)
+
+
+class ChainActor(ScriptedActor):
+    """Like ScriptedActor, but each prompt extends the last prompt and reply by ids."""
+
+    def __call__(self, conversations):
+        out = super().__call__(conversations)
+        for row, conversation in enumerate(conversations):
+            found = turns.last_tokens(conversation)
+            new = _ids(conversation[-1]["content"])
+            prompt = new if found is None else found[1] + found[2] + (3,) + new
+            out[row] = dataclasses.replace(out[row], prompt_ids=prompt, prompt_tokens=len(prompt))
+        return out
+
+
+def test_multi_turn_episodes_train_one_row_each(tasks, executor, capsys):
+    multi = dataclasses.replace(EPISODE, conversation="multi_turn")
+    out = rollout.collect(
+        tasks,
+        actor=ChainActor(),
+        critic=critic_policy(9, 0),
+        executor=executor,
+        references=REFERENCES,
+        config=CONFIG,
+        episode_config=multi,
+        reward_config=REWARDS,
+        critic_config=CriticConfig(),
+        advantage_fn=credit.return_to_go,
+    )
+    assert out.metrics["rollout/episode_rows"] == 8.0 and out.metrics["rollout/phase_rows"] == 0.0
+    assert len(out.samples) == len(out.episodes) == 8
+    for row, e, advantages in zip(out.samples, out.episodes, out.advantages, strict=True):
+        assert isinstance(row, EpisodeSample)
+        last = e.replies[-1]
+        assert row.prompt_ids + row.completion_ids == list(last.prompt_ids + last.token_ids)
+        np.testing.assert_allclose(row.advantages, advantages)
+        assert sorted(set(row.phases) - {0}) == list(range(1, len(e.replies) + 1))
+    assert "[rollout]" not in capsys.readouterr().err
+    # Replies whose prompts do not extend each other fall back to a row per step, said once.
+    fallback = rollout.collect(
+        tasks,
+        actor=ScriptedActor(),
+        critic=critic_policy(9, 0),
+        executor=executor,
+        references=REFERENCES,
+        config=CONFIG,
+        episode_config=multi,
+        reward_config=REWARDS,
+        critic_config=CriticConfig(),
+        advantage_fn=credit.return_to_go,
+    )
+    assert fallback.metrics["rollout/phase_rows"] == len(fallback.samples) == 24
+    assert all(isinstance(s, Sample) for s in fallback.samples)
+    assert "24 steps trained one row each" in capsys.readouterr().err
