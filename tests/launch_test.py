@@ -168,7 +168,11 @@ def test_quickstart_reduced_writes_every_artefact(tmp_path):
             assert len(_jsonl(run_dir / stage / f"{name}.jsonl")) == 3, (stage, name)
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "gin").glob("*.gin")))
+@pytest.mark.parametrize(
+    "name",
+    sorted(str(p.relative_to(ROOT / "gin")) for p in (ROOT / "gin").glob("*.gin"))
+    + sorted(f"gpu/{p.name}" for p in (ROOT / "gin" / "gpu").glob("*.gin")),
+)
 def test_top_level_gin_files_parse(name, tmp_path):
     proc = launching.launch(f"--gin_file={name}", "--dry_run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -5,11 +5,18 @@ for t >= 1 and ``logp[:, 0] = 0`` (no prediction exists for the first token);
 sampler log-probs [B, T] use the same alignment, and position 0 is never part
 of the loss, whatever the loss mask says there.
 
-Per completion token (``m = loss_mask``, ``A`` the advantage, ``rho =
-exp(clamp(logp - logp_sampler))``)::
+Per completion token (``m = loss_mask``, ``A`` the advantage; under the default
+``sampler_correction='tis'``, ``rho = exp(logp - sg(logp))``, the ratio to the learner's own
+policy before the update, and ``w = sg(min(exp(logp - logp_sampler), tis_cap))``, the truncated
+importance weight of the sampler's mismatch; under ``'none'``, ``rho =
+exp(clamp(logp - logp_sampler))`` and ``w = 1``)::
 
-    l = max(-A * rho, -A * clip(rho, 1 - eps_low, 1 + eps_high)) + beta * k3
+    l = w * max(-A * rho, -A * clip(rho, 1 - eps_low, 1 + eps_high)) + beta * k3
     k3 = exp(d) - d - 1,  d = clamp(logp_ref - logp)
+
+With a sampler that computes the learner's log-probs exactly, both give the same loss and
+gradient. ``'tis'`` needs exactly one optimizer update per batch (the loop's rule): the
+policy before the update is then the current one.
 
 and the aggregation turns [B, T] token losses into ``loss_sum / denominator``:
 
@@ -65,6 +72,7 @@ _AGGREGATE = {
     "sequence-mean-token-sum-norm": _sequence_mean_token_sum_norm,
 }
 AGGREGATIONS = tuple(_AGGREGATE)
+SAMPLER_CORRECTIONS = ("tis", "none")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,6 +92,14 @@ class GRPOConfig:
         token budget); required by that mode only.
       log_ratio_clamp: |log ratio| (policy/sampler and reference/policy) is
         clamped to this before exponentiation.
+      sampler_correction: how the loss treats a sampler whose log-probs differ from the
+        learner's (an 8-bit decode, another dtype or kernel): 'tis' (default) takes the
+        PPO ratio against the learner's own policy before this update and weights each
+        token by the truncated importance ratio min(pi_old / pi_sampler, tis_cap),
+        detached (token-level truncated importance sampling), so the clip does not treat
+        the mismatch as staleness; 'none' takes the ratio against the sampler's log-probs
+        (the mismatch is clipped like staleness). Equal log-probs give the same loss.
+      tis_cap: the cap of the importance weight under 'tis'.
     """
 
     eps_low: float = 0.2
@@ -93,8 +109,17 @@ class GRPOConfig:
     aggregation: str = "token-mean"
     max_length: int | None = None
     log_ratio_clamp: float = 20.0
+    sampler_correction: str = "tis"
+    tis_cap: float = 2.0
 
     def __post_init__(self):
+        if self.sampler_correction not in SAMPLER_CORRECTIONS:
+            raise ValueError(
+                f"sampler_correction must be one of {SAMPLER_CORRECTIONS}, "
+                f"got {self.sampler_correction!r}"
+            )
+        if not self.tis_cap >= 1.0:
+            raise ValueError(f"tis_cap must be >= 1, got {self.tis_cap}")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
         if self.aggregation == "sequence-mean-token-sum-norm" and not self.max_length:
@@ -145,10 +170,20 @@ def policy_loss(
     adv = advantages.astype(jnp.float32)
     adv = adv[:, None] if adv.ndim == 1 else adv
     clamp = config.log_ratio_clamp
-    log_ratio = jnp.clip(logp - sampler_logp, -clamp, clamp)
+    sg = jax.lax.stop_gradient
+    if config.sampler_correction == "tis":
+        # Every batch gets exactly one optimizer update, so the learner's policy before it
+        # is the current one without gradient: ratio 1 in value, grad log p in gradient.
+        old = sg(logp)
+        log_ratio = jnp.clip(logp - old, -clamp, clamp)
+        mismatch = jnp.exp(jnp.clip(old - sampler_logp, -clamp, clamp))
+        weight = jnp.minimum(mismatch, config.tis_cap)
+    else:
+        log_ratio = jnp.clip(logp - sampler_logp, -clamp, clamp)
+        mismatch = weight = jnp.ones_like(logp)
     ratio = jnp.exp(log_ratio)
     clipped_ratio = jnp.clip(ratio, 1.0 - config.eps_low, 1.0 + config.eps_high)
-    per_token = jnp.maximum(-adv * ratio, -adv * clipped_ratio)
+    per_token = weight * jnp.maximum(-adv * ratio, -adv * clipped_ratio)
     kl = jnp.zeros_like(per_token)
     if ref_logp is not None:
         delta = jnp.clip(jax.lax.stop_gradient(ref_logp) - logp, -clamp, clamp)
@@ -168,7 +203,6 @@ def policy_loss(
         (adv < 0) & (ratio < 1.0 - config.eps_low)
     )
     real = mask > 0
-    sg = jax.lax.stop_gradient
     gap = jnp.abs(sg(logp) - sampler_logp)
     stats = {
         "tokens": jnp.sum(mask),
@@ -176,6 +210,8 @@ def policy_loss(
         "entropy_sum": jnp.sum(entropy * mask) if entropy is not None else jnp.zeros(()),
         "clipped_sum": jnp.sum(is_clipped * mask),
         "gap_sum": jnp.sum(gap * mask),
+        "tis_weight_sum": jnp.sum(weight * mask),
+        "tis_capped_sum": jnp.sum((mismatch > config.tis_cap) * mask),
         "ratio_min": jnp.min(jnp.where(real, sg(ratio), jnp.inf)),
         "ratio_max": jnp.max(jnp.where(real, sg(ratio), -jnp.inf)),
         "gap_max": jnp.max(jnp.where(real, gap, 0.0)),
@@ -241,4 +277,6 @@ def metrics(loss_sum: jax.Array, denominator: jax.Array, stats: dict[str, jax.Ar
         "grpo/ratio_max": stats["ratio_max"],
         "grpo/logprob_gap_mean": stats["gap_sum"] / tokens,
         "grpo/logprob_gap_max": stats["gap_max"],
+        "grpo/tis_weight_mean": stats["tis_weight_sum"] / tokens,
+        "grpo/tis_capped_fraction": stats["tis_capped_sum"] / tokens,
     }

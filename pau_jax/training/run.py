@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from pau_jax import metrics_writer, parallel
-from pau_jax.models import lora
+from pau_jax.models import lora, quantization
 from pau_jax.policy import backends
 from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB
 from pau_jax.training import artefacts
@@ -40,6 +40,10 @@ class ActorConfig:
       tokenizer: a tokenizer path or 'qwen3-offline'; default the checkpoint's own.
       dtype: parameter dtype of the base weights.
       lora_rank, lora_alpha, lora_targets: the adapters (paper: 16, 16, all linear).
+      decode_weights: what the actor's (and a 'self' critic's) decode steps read:
+        'float32' or 'q8' (an 8-bit copy of the frozen base, `models.quantization`; the
+        adapters stay float32 on top; the learner scores in float32 and corrects for the
+        difference, `rl.grpo.GRPOConfig.sampler_correction`).
     """
 
     checkpoint: str | None = None
@@ -49,6 +53,10 @@ class ActorConfig:
     lora_rank: int = 16
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = tuple(lora.DEFAULT_TARGETS)
+    decode_weights: str = "float32"
+
+    def __post_init__(self):
+        quantization.check_decode_weights("ActorConfig", self.decode_weights)
 
 
 def _base_checkpoint(out: pathlib.Path, actor: ActorConfig, seed: int, tag: str) -> pathlib.Path:
@@ -113,6 +121,9 @@ class Run:
             targets=actor.lora_targets,
             seed=seed,
         )
+        if actor.decode_weights != "float32":
+            n = quantization.quantize_for_decode(self.model, actor.decode_weights)
+            print(f"[{tag}] decode_weights={actor.decode_weights}: {n} matrices", flush=True)
         if self.mesh is not None:
             parallel.shard_model(self.model, self.mesh)
         self.relayout = self.mesh is not None and parallel.layouts_differ(self.model, self.mesh)

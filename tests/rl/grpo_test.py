@@ -47,8 +47,9 @@ def jax_objective(logits, targets, old, ref, adv, mask, config):
 def test_loss_and_gradient_match_numpy_finite_differences(mode, per_token_adv):
     logits, targets, mask, adv, rng = random_case(per_token_adv=per_token_adv)
     config = GRPOConfig(
-        beta=0.1, temperature=0.7, aggregation=mode, max_length=8, eps_low=0.2, eps_high=0.28
-    )
+        beta=0.1, temperature=0.7, aggregation=mode, max_length=8, eps_low=0.2, eps_high=0.28,
+        sampler_correction="none",
+    )  # fmt: skip
     base = np_logp(logits, targets, config.temperature)
     # Sampler and reference log-probs nearby: some ratios leave [0.8, 1.28] (clipped tokens).
     old = (base + rng.uniform(-0.4, 0.4, base.shape)).astype(np.float32)
@@ -114,7 +115,7 @@ def test_kl_clip_fraction_and_statistics_by_hand():
     adv = np.array([[0.0, 1.0, -1.0, 1.0, 2.0]], np.float32)
     mask = np.ones_like(logp)
     ref = logp + np.log(2.0)  # d = log 2 everywhere: k3 = 2 - log 2 - 1
-    config = GRPOConfig(beta=0.5)
+    config = GRPOConfig(beta=0.5, sampler_correction="none")
     loss_sum, denominator, stats = policy_loss(
         logp, old, adv, mask, config, ref_logp=ref, entropy=np.full_like(logp, 3.0)
     )
@@ -141,6 +142,56 @@ def test_kl_clip_fraction_and_statistics_by_hand():
     np.testing.assert_allclose(np.asarray(grad)[0], expected_grad, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_tis_is_the_plain_loss_when_the_sampler_is_the_learner(mode):
+    rng = np.random.default_rng(11)
+    logp = rng.uniform(-3.0, -0.1, (3, 7)).astype(np.float32)
+    ref = (logp + rng.uniform(-0.3, 0.3, logp.shape)).astype(np.float32)
+    mask = (rng.random(logp.shape) < 0.8).astype(np.float32)
+    adv = rng.standard_normal((3, 7)).astype(np.float32)
+    results = []
+    for correction in grpo.SAMPLER_CORRECTIONS:
+        config = GRPOConfig(beta=0.1, aggregation=mode, max_length=9, sampler_correction=correction)
+
+        def loss(lp, config=config):
+            return jnp.divide(*grpo.policy_loss(lp, logp, adv, mask, config, ref_logp=ref)[:2])
+
+        results.append(jax.jit(jax.value_and_grad(loss))(logp))
+    (loss_tis, grad_tis), (loss_none, grad_none) = results
+    assert float(loss_tis) == pytest.approx(float(loss_none), abs=1e-6)
+    np.testing.assert_allclose(np.asarray(grad_tis), np.asarray(grad_none), atol=1e-6)
+    assert np.abs(np.asarray(grad_tis)).max() > 1e-2
+
+
+def test_tis_weights_a_made_up_mismatch_capped_at_two():
+    logp = np.log(np.array([[0.5, 0.5, 0.4, 0.3, 0.2]], np.float32))
+    shift = np.array([[0.0, 0.3, -0.5, 1.5, 2.0]], np.float32)  # log pi_old - log pi_sampler
+    sampler = logp - shift
+    adv = np.array([[0.0, 1.0, -2.0, 1.0, 0.5]], np.float32)
+    mask = np.ones_like(logp)
+    config = GRPOConfig(beta=0.0)  # 'tis', cap 2, by default
+    weights = np.minimum(np.exp(shift[0, 1:]), 2.0)  # e^0.3, e^-0.5, 2 (capped), 2 (capped)
+    expected = float(np.sum(-adv[0, 1:] * weights) / 4)
+
+    def loss(lp):
+        return jnp.divide(*grpo.policy_loss(lp, sampler, adv, mask, config)[:2])
+
+    value, grad = jax.jit(jax.value_and_grad(loss))(logp)
+    assert float(value) == pytest.approx(expected, rel=1e-5)
+    # No clipping against the sampler: every token's gradient is -A * w / tokens.
+    np.testing.assert_allclose(
+        np.asarray(grad)[0], [0.0, *(-adv[0, 1:] * weights / 4)], rtol=1e-5, atol=1e-7
+    )
+    m = grpo.metrics(*grpo.policy_loss(logp, sampler, adv, mask, config))
+    assert float(m["grpo/tis_capped_fraction"]) == pytest.approx(0.5)
+    assert float(m["grpo/tis_weight_mean"]) == pytest.approx(weights.mean(), rel=1e-5)
+    assert float(m["grpo/logprob_gap_max"]) == pytest.approx(2.0, rel=1e-5)
+    # The same mismatch under 'none' is clipped like staleness: a different loss.
+    none = GRPOConfig(beta=0.0, sampler_correction="none")
+    other = float(jnp.divide(*grpo.policy_loss(logp, sampler, adv, mask, none)[:2]))
+    assert abs(other - expected) > 0.1
+
+
 def test_beta_needs_reference_and_configs_validate():
     x = np.zeros((1, 3), np.float32)
     with pytest.raises(ValueError, match="ref_logp"):
@@ -151,6 +202,10 @@ def test_beta_needs_reference_and_configs_validate():
         GRPOConfig(aggregation="mean")
     with pytest.raises(ValueError, match="temperature"):
         GRPOConfig(temperature=0.0)
+    with pytest.raises(ValueError, match="sampler_correction"):
+        GRPOConfig(sampler_correction="ppo")
+    with pytest.raises(ValueError, match="tis_cap"):
+        GRPOConfig(tis_cap=0.5)
 
 
 def test_micro_batch_sums_give_the_full_batch_mean():

@@ -11,7 +11,8 @@ from pau_jax.rl import learner
 from pau_jax.rl.grpo import GRPOConfig
 from pau_jax.rl.learner import Batch, LearnerConfig
 
-GRPO = GRPOConfig(beta=0.05, temperature=0.9, eps_low=0.2, eps_high=0.28)
+# Sampler log-probs away from the policy, clipped as staleness ("none"), as the NumPy reference.
+GRPO = GRPOConfig(beta=0.05, temperature=0.9, eps_low=0.2, eps_high=0.28, sampler_correction="none")
 # A large learning rate so that every adapter visibly moves in a few steps.
 CONFIG = LearnerConfig(learning_rate=1e-2, micro_batch_size=2, grpo=GRPO)
 
