@@ -64,7 +64,9 @@ def main() -> None:
     print(f"{args.model}: {n} matrices quantised; vocab {config.vocab_size}")
 
     rng = np.random.default_rng(0)
-    prompts = {b: [rng.integers(0, 20000, args.prompt_len).tolist() for _ in range(b)] for b in (1, 8)}
+    prompts = {
+        b: [rng.integers(0, 20000, args.prompt_len).tolist() for _ in range(b)] for b in (1, 8)
+    }
     sides = {"float32": f32, "q8": q8}
     for batch in prompts:  # compile every program once
         for model in sides.values():
