@@ -115,12 +115,6 @@ def matmul(x: jax.Array, weight: DecodeWeight) -> jax.Array:
     return FORMATS[quantized.format].matmul(x, quantized.weights)
 
 
-def check_decode_weights(where: str, value: str) -> None:
-    """One-line error for a `decode_weights` setting that names no format."""
-    if value not in DECODE_WEIGHTS:
-        raise ValueError(f"{where}.decode_weights must be one of {DECODE_WEIGHTS}, got {value!r}")
-
-
 def _linears(model: nnx.Module):
     """Every module with a `decode_weight` slot (each `layers.Linear`), with its path."""
     found = [
@@ -144,7 +138,8 @@ def quantize_for_decode(model: nnx.Module, decode_weights: str) -> int:
       case logged once with the reason, or when the model is placed on a device mesh,
       whose sampler keeps the float32 path).
     """
-    check_decode_weights("quantize_for_decode", decode_weights)
+    if decode_weights not in DECODE_WEIGHTS:
+        raise ValueError(f"decode_weights must be one of {DECODE_WEIGHTS}, got {decode_weights!r}")
     drop_decode_weights(model)
     if decode_weights == "float32":
         return 0

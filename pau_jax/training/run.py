@@ -22,7 +22,7 @@ from typing import Any
 from pau_jax import metrics_writer, parallel
 from pau_jax.models import lora, quantization
 from pau_jax.policy import backends
-from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB
+from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, check_decode_weights
 from pau_jax.training import artefacts
 from pau_jax.training import checkpoint as checkpoint_lib
 from pau_jax.training import step as step_lib
@@ -56,7 +56,7 @@ class ActorConfig:
     decode_weights: str = "float32"
 
     def __post_init__(self):
-        quantization.check_decode_weights("ActorConfig", self.decode_weights)
+        check_decode_weights("ActorConfig", self.decode_weights)
 
 
 def _base_checkpoint(out: pathlib.Path, actor: ActorConfig, seed: int, tag: str) -> pathlib.Path:

@@ -213,20 +213,23 @@ class ChainActor(ScriptedActor):
         return out
 
 
-def test_multi_turn_episodes_train_one_row_each(tasks, executor, capsys):
-    multi = dataclasses.replace(EPISODE, conversation="multi_turn")
-    out = rollout.collect(
+def _collect_multi_turn(tasks, executor, actor):
+    return rollout.collect(
         tasks,
-        actor=ChainActor(),
+        actor=actor,
         critic=critic_policy(9, 0),
         executor=executor,
         references=REFERENCES,
         config=CONFIG,
-        episode_config=multi,
+        episode_config=dataclasses.replace(EPISODE, conversation="multi_turn"),
         reward_config=REWARDS,
         critic_config=CriticConfig(),
         advantage_fn=credit.return_to_go,
     )
+
+
+def test_multi_turn_episodes_train_one_row_each(tasks, executor, capsys):
+    out = _collect_multi_turn(tasks, executor, ChainActor())
     assert out.metrics["rollout/episode_rows"] == 8.0 and out.metrics["rollout/phase_rows"] == 0.0
     assert len(out.samples) == len(out.episodes) == 8
     for row, e, advantages in zip(out.samples, out.episodes, out.advantages, strict=True):
@@ -237,18 +240,7 @@ def test_multi_turn_episodes_train_one_row_each(tasks, executor, capsys):
         assert sorted(set(row.phases) - {0}) == list(range(1, len(e.replies) + 1))
     assert "[rollout]" not in capsys.readouterr().err
     # Replies whose prompts do not extend each other fall back to a row per step, said once.
-    fallback = rollout.collect(
-        tasks,
-        actor=ScriptedActor(),
-        critic=critic_policy(9, 0),
-        executor=executor,
-        references=REFERENCES,
-        config=CONFIG,
-        episode_config=multi,
-        reward_config=REWARDS,
-        critic_config=CriticConfig(),
-        advantage_fn=credit.return_to_go,
-    )
+    fallback = _collect_multi_turn(tasks, executor, ScriptedActor())
     assert fallback.metrics["rollout/phase_rows"] == len(fallback.samples) == 24
     assert all(isinstance(s, Sample) for s in fallback.samples)
     assert "24 steps trained one row each" in capsys.readouterr().err
