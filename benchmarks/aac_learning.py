@@ -83,11 +83,13 @@ TINY = dict(  # `--checkpoint tiny`: a 1-layer random Qwen3 over the real vocabu
     num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
     rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=4096,
 )  # fmt: skip
-TRAINED = ("process_grpo", "return_to_go")
+CREDIT = {
+    "final_plus_mean": credit.final_plus_mean,  # loop.train's default
+    "process_grpo": credit.process_grpo,
+    "return_to_go": credit.return_to_go,
+}
 CONTROL = "control"
-RUNS = (*TRAINED, CONTROL)
-CREDIT = {"process_grpo": credit.process_grpo, "return_to_go": credit.return_to_go}
-CREDIT[CONTROL] = credit.process_grpo  # Unused at learning rate 0 (the update is zero).
+CREDIT[CONTROL] = credit.final_plus_mean  # Unused at learning rate 0 (no update runs).
 
 REWARD = "rollout/reward_mean"
 PARSE_FAILURE = "rollout/parse_failure_rate/generate"
@@ -99,6 +101,8 @@ CURVES = {
     "calls per episode": "rollout/calls_per_episode",
     "stop rate": "rollout/stop_rate",
     "timeout rate": "rollout/timeout_rate",
+    "distinct calls per episode": "rollout/distinct_calls_per_episode",
+    "copies of the prompt's example": "rollout/example_copy_rate",
 }
 TERM_CURVES = {f"term: {t}": f"rollout/term/{t}" for t in TERMS}
 DIAGNOSTICS = {
@@ -116,6 +120,10 @@ DIAGNOSTICS = {
 }
 TIMES = ("time/rollout_seconds", "time/update_seconds")
 KEYS = (*CURVES.values(), *TERM_CURVES.values(), *DIAGNOSTICS.values())
+# A control run (learning rate 0) skips the update: it logs none of these.
+UPDATE_KEYS = tuple(k for k in KEYS if k.startswith(("train/", "grpo/")))
+# The reward without its length term: what the protocol is about, not how long replies are.
+NON_LENGTH = "reward without the length term"
 # Logged by the credit wrapper (advantages.jsonl), not by the loop.
 PROBE = {
     "groups with all-zero advantages": "zero_advantage_group_rate",
@@ -196,13 +204,18 @@ def read_run(run_dir: pathlib.Path, steps: int) -> tuple[dict, dict]:
             f"{run_dir}/metrics.jsonl has no row for steps {missing}; rerun with the same --out"
         )
     for key in KEYS:
+        if key in UPDATE_KEYS and all(key not in rows[s] for s in range(1, steps + 1)):
+            continue  # a run without updates (learning rate 0)
         lacking = [s for s in range(1, steps + 1) if key not in rows[s]]
         if lacking:
             raise ValueError(
                 f"{run_dir}/metrics.jsonl: step {lacking[0]} has no {key!r}; the training loop "
                 "no longer logs it (update KEYS in benchmarks/aac_learning.py)"
             )
-    curves = {k: np.array([float(rows[s][k]) for s in range(1, steps + 1)]) for k in KEYS}
+    curves = {
+        k: np.array([float(rows[s].get(k, np.nan)) for s in range(1, steps + 1)]) for k in KEYS
+    }
+    curves[NON_LENGTH] = curves[REWARD] - curves["rollout/term/length"]
     curves[PARSE_FAILURE] = 1.0 - curves[PARSE_FAILURE]  # Shown as the input parse rate.
     # A step whose critic replies all failed to parse logs a score of 0; it had none.
     curves["critic/score_mean"][curves["critic/unparsed_rate"] >= 1] = np.nan
@@ -219,25 +232,46 @@ def read_run(run_dir: pathlib.Path, steps: int) -> tuple[dict, dict]:
     return curves, probe
 
 
-def analyse(curves: dict, probes: dict, *, last_k: int, alpha: float) -> dict:
-    """The test of each trained run against the control over the last ``last_k`` steps."""
+def analyse(curves: dict, probes: dict, *, trained, last_k: int, alpha: float) -> dict:
+    """The tests of each trained run against the control over the last ``last_k`` steps.
+
+    Two tests per trained run (the total reward, the reward without its length term);
+    ``p_holm`` corrects each family of tests over the trained runs (Holm).
+    """
+    runs = (*trained, CONTROL)
     steps = len(curves[CONTROL][REWARD])
     k = min(last_k, steps)
     out = {"steps": steps, "last_k": k, "alpha": alpha, "smallest_p": 2.0**-k, "runs": {}}
-    for name in RUNS:
+    for name in runs:
         c = curves[name]
         entry = {
             "reward_last_k": float(c[REWARD][-k:].mean()),
             **{label: _mean(c[key][-k:]) for label, key in CURVES.items()},
         }
-        if name in TRAINED:
+        if name in trained:
             entry["p"], entry["gain"] = one_sided_test(c[REWARD][-k:], curves[CONTROL][REWARD][-k:])
+            entry["p_non_length"], entry["gain_non_length"] = one_sided_test(
+                c[NON_LENGTH][-k:], curves[CONTROL][NON_LENGTH][-k:]
+            )
             entry["learns"] = entry["p"] < alpha and entry["gain"] > 0
             entry["diagnosis"] = [] if entry["learns"] else diagnose(c, probes[name])
         out["runs"][name] = entry
-    first = [float(curves[n][REWARD][0]) for n in RUNS]
+    for key in ("p", "p_non_length"):
+        for name, p_adj in zip(trained, holm([out["runs"][n][key] for n in trained])):
+            out["runs"][name][key + "_holm"] = p_adj
+    first = [float(curves[n][REWARD][0]) for n in runs]
     out["step1_identical"] = bool(np.allclose(first, first[0], rtol=0, atol=1e-9))
     return out
+
+
+def holm(p_values) -> list[float]:
+    """Holm-adjusted p-values (step-down, monotone, capped at 1)."""
+    order = np.argsort(p_values)
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
 
 
 def _mean(x) -> float:
@@ -281,7 +315,7 @@ def diagnose(c: dict, probe: dict) -> list[str]:
     return lines + ["hints: " + ("; ".join(hints) if hints else "none of the usual causes")]
 
 
-def plot(curves: dict, panels: dict, path: pathlib.Path, extra: dict | None = None) -> None:
+def plot(curves: dict, panels: dict, path: pathlib.Path, runs, extra: dict | None = None) -> None:
     """One panel per entry of ``panels`` (label -> key), one line per run; PNG at ``path``."""
     import matplotlib
 
@@ -295,7 +329,7 @@ def plot(curves: dict, panels: dict, path: pathlib.Path, extra: dict | None = No
     rows = -(-len(series) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3 * rows), squeeze=False)
     for ax, (label, values) in zip(axes.flat, series):
-        for name in RUNS:
+        for name in runs:
             y = values(name)
             style = dict(linestyle="--", color="gray") if name == CONTROL else {}
             ax.plot(np.arange(1, len(y) + 1), y, marker="o", markersize=3, label=name, **style)
@@ -310,35 +344,53 @@ def plot(curves: dict, panels: dict, path: pathlib.Path, extra: dict | None = No
     plt.close(fig)
 
 
-def markdown(result: dict, curves: dict, settings_rows: list, wall_s: float) -> str:
+def markdown(result: dict, curves: dict, settings_rows: list, wall_s: float, trained) -> str:
     """The tables for docs/benchmarks.md."""
     k, runs = result["last_k"], result["runs"]
+    names = (*trained, CONTROL)
     lines = ["| setting | here | paper | why |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in settings_rows]
     lines += [
         "",
         f"Means over the last {k} of {result['steps']} steps; p: one-sided exact paired "
-        f"sign-flip test against the control (smallest possible {result['smallest_p']:.3g}).",
+        f"sign-flip test against the control (smallest possible {result['smallest_p']:.3g}); "
+        "p (no length): the same test on the reward without its length term; with more "
+        "than one trained run, Holm-corrected values in brackets.",
     ]
-    head = ["run", "reward", "gain vs control", "p", *list(CURVES)[1:], "rollout s", "update s"]
+    head = ["run", "reward", "gain vs control", "p", "gain (no length)", "p (no length)"]
+    head += [*list(CURVES)[1:], "rollout s", "update s"]
     lines += ["", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for name in RUNS:
+
+    def p_text(r, key):
+        return f"{r[key]:.3g}" + (f" [{r[key + '_holm']:.3g}]" if len(trained) > 1 else "")
+
+    for name in names:
         r, c = runs[name], curves[name]
-        test = [f"{r['gain']:+.3f}", f"{r['p']:.3g}"] if name in TRAINED else ["", ""]
+        test = ["", "", "", ""]
+        if name in trained:
+            test = [f"{r['gain']:+.3f}", p_text(r, "p")]
+            test += [f"{r['gain_non_length']:+.3f}", p_text(r, "p_non_length")]
         parts = [f"{r[label]:.3f}" for label in list(CURVES)[1:]]
         times = [f"{c[key].sum():.0f}" for key in TIMES]
         lines.append(f"| {name} | {r['reward_last_k']:.3f} | " + " | ".join(test + parts + times))
         lines[-1] += " |"
-    lines += ["", "| step | " + " | ".join(RUNS) + " |", "|---" * (len(RUNS) + 1) + "|"]
+    lines += [
+        "",
+        "Reward per step, then each reward term per step (sums over an episode, means over ",
+    ]
+    lines[-1] += "the step's episodes):"
+    terms = [(n, REWARD) for n in names] + [(n, f"rollout/term/{t}") for t in TERMS for n in names]
+    head = ["step"] + [f"{n} {'reward' if k == REWARD else k.split('/')[-1]}" for n, k in terms]
+    lines += ["", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for s in range(result["steps"]):
         lines.append(
-            f"| {s + 1} | " + " | ".join(f"{curves[n][REWARD][s]:.3f}" for n in RUNS) + " |"
+            f"| {s + 1} | " + " | ".join(f"{curves[n][k][s]:.3f}" for n, k in terms) + " |"
         )
-    for name in TRAINED:
+    for name in trained:
         if runs[name]["diagnosis"]:
             lines += ["", f"Why `{name}` did not learn:", ""]
             lines += [f"- {line}" for line in runs[name]["diagnosis"]]
-    logged = sum(curves[n][key].sum() for n in RUNS for key in TIMES)
+    logged = sum(curves[n][key].sum() for n in names for key in TIMES)
     lines += [
         "",
         f"Rollouts and updates of all runs (as logged): {logged / 60:.1f} min; wall time of "
@@ -347,12 +399,14 @@ def markdown(result: dict, curves: dict, settings_rows: list, wall_s: float) -> 
     return "\n".join(lines) + "\n"
 
 
-def headline(result: dict) -> str:
+def headline(result: dict, trained) -> str:
     runs = result["runs"]
     return (
-        " ".join(f"p_{n}={runs[n]['p']:.3g}" for n in TRAINED)
+        " ".join(f"p_{n}={runs[n]['p']:.3g}" for n in trained)
         + " "
-        + " ".join(f"reward_gain_{n}={runs[n]['gain']:+.3f}" for n in TRAINED)
+        + " ".join(f"reward_gain_{n}={runs[n]['gain']:+.3f}" for n in trained)
+        + " "
+        + " ".join(f"p_non_length_{n}={runs[n]['p_non_length']:.3g}" for n in trained)
         + f" last_k={result['last_k']} steps={result['steps']}"
     )
 
@@ -373,9 +427,13 @@ def _settings(args) -> tuple[dict, list]:
             "learning_rate",
             "lora_rank",
             "micro_batch_size",
+            "conversation",
+            "decode_weights",
+            "remat",
         )
     }
     settings["taus"] = list(args.taus)
+    settings["credits"] = list(args.credits)
     rows = [
         ("tasks x G per step", f"{args.tasks_per_batch} x {args.group_size}", "8 x 8", "CPU time"),
         ("steps", args.steps, "5 epochs", "wall budget"),
@@ -395,6 +453,10 @@ def _settings(args) -> tuple[dict, list]:
         ("learning rate", args.learning_rate, 1e-6, "visible change in few steps"),
         ("LoRA rank = alpha", args.lora_rank, 16, ""),
         ("dtype / micro-batch", f"float32 / {args.micro_batch_size}", "bfloat16 / none", "CPU"),
+        ("credit", " vs ".join(args.credits), "process reward GRPO", "loop.train's default"),
+        ("conversation", args.conversation, "fresh prompts", "one learner row per episode"),
+        ("rollout decode weights", args.decode_weights, "bfloat16", "CPU decode time"),
+        ("learner remat", args.remat, "", "CPU memory"),
         ("training tasks", f"pau/{args.dataset} train", "pau train split", "small, built"),
         ("checkpoint", args.checkpoint, "Qwen3 (aac.gin)", "fits 2 cores"),
     ]
@@ -413,11 +475,16 @@ def _train_kwargs(args, checkpoint: str) -> dict:
     reasoning, inputs, reflection = args.taus
     return dict(
         actor=ActorConfig(
-            checkpoint=checkpoint, lora_rank=args.lora_rank, lora_alpha=float(args.lora_rank)
+            checkpoint=checkpoint,
+            lora_rank=args.lora_rank,
+            lora_alpha=float(args.lora_rank),
+            decode_weights=args.decode_weights,
         ),
         seed=args.seed,
         dataset=dataset,
-        episode_config=EpisodeConfig(call_budget=25, max_steps=args.t_max),
+        episode_config=EpisodeConfig(
+            call_budget=25, max_steps=args.t_max, conversation=args.conversation
+        ),
         reward_config=RewardConfig(
             max_steps=args.t_max,
             reasoning_tau=reasoning,
@@ -457,7 +524,8 @@ def _latest_checkpoint(run_dir: pathlib.Path) -> int:
 def train_runs(args, out: pathlib.Path, kwargs: dict) -> int:
     """Advances the runs in rounds of one step; returns the steps every run has finished."""
     started, last_round = time.perf_counter(), 0.0
-    done = {name: _done(out / name) for name in RUNS}
+    runs = (*args.credits, CONTROL)
+    done = {name: _done(out / name) for name in runs}
     for step in range(min(done.values()) + 1, args.steps + 1):
         spent = time.perf_counter() - started
         if spent + last_round > 60 * args.wall_minutes:
@@ -469,7 +537,7 @@ def train_runs(args, out: pathlib.Path, kwargs: dict) -> int:
             )
             break
         round_start = time.perf_counter()
-        for name in RUNS:
+        for name in runs:
             if done[name] >= step:
                 continue
             run_dir = out / name
@@ -483,6 +551,7 @@ def train_runs(args, out: pathlib.Path, kwargs: dict) -> int:
                 grpo=GRPOConfig(beta=0.0) if name == CONTROL else GRPOConfig(),
                 logits_chunk_tokens=512,
                 micro_batch_size=args.micro_batch_size,
+                remat=args.remat,
             )
             print(f"[aac_learning] {name}: step {step}", flush=True)
             summary = loop.train(
@@ -531,6 +600,16 @@ def main(argv=None) -> None:
     add("--learning_rate", type=float, default=1e-3)
     add("--lora_rank", type=int, default=16)
     add("--micro_batch_size", type=int, default=4)
+    add(
+        "--credits",
+        nargs="+",
+        choices=sorted(set(CREDIT) - {CONTROL}),
+        default=["final_plus_mean"],
+        help="credit rule of each trained run (each against the one control)",
+    )
+    add("--conversation", choices=("fresh", "multi_turn"), default="fresh")
+    add("--decode_weights", choices=("float32", "q8"), default="float32")
+    add("--remat", action="store_true", help="recompute layer activations in the backward pass")
     add("--last_k", type=int, default=5, help="steps the test compares")
     add("--alpha", type=float, default=0.05, help="significance level of the diagnosis")
     add(
@@ -565,20 +644,21 @@ def main(argv=None) -> None:
     steps = train_runs(args, out / "runs", _train_kwargs(args, checkpoint))
     if steps < 1:
         raise SystemExit("no run finished a step within --wall_minutes; raise it and rerun")
-    data = {name: read_run(out / "runs" / name, steps) for name in RUNS}
+    trained, names = tuple(args.credits), (*args.credits, CONTROL)
+    data = {name: read_run(out / "runs" / name, steps) for name in names}
     curves = {name: c for name, (c, _) in data.items()}
     probes = {name: p for name, (_, p) in data.items()}
-    result = analyse(curves, probes, last_k=args.last_k, alpha=args.alpha)
+    result = analyse(curves, probes, trained=trained, last_k=args.last_k, alpha=args.alpha)
     probe_panels = {
         label: (lambda name, key=key: probes[name][key]) for label, key in PROBE.items()
     }
-    plot(curves, CURVES, out / "learning_curves.png")
-    plot(curves, TERM_CURVES, out / "reward_terms.png")
-    plot(curves, DIAGNOSTICS, out / "diagnostics.png", extra=probe_panels)
+    plot(curves, CURVES, out / "learning_curves.png", names)
+    plot(curves, TERM_CURVES, out / "reward_terms.png", names)
+    plot(curves, DIAGNOSTICS, out / "diagnostics.png", names, extra=probe_panels)
     wall = time.perf_counter() - started
-    table = markdown(result, curves, rows, wall)
+    table = markdown(result, curves, rows, wall, trained)
     artefacts.replace_text(out / "aac_learning.md", table)
-    result["curves"] = {n: {k: v.tolist() for k, v in curves[n].items()} for n in RUNS}
+    result["curves"] = {n: {k: v.tolist() for k, v in curves[n].items()} for n in names}
     result["settings"] = settings
     artefacts.replace_text(out / "results.json", json.dumps(result, indent=2) + "\n")
     print(table, flush=True)
@@ -589,7 +669,7 @@ def main(argv=None) -> None:
             flush=True,
         )
     print(f"load_average_end={','.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    print(headline(result))
+    print(headline(result, trained))
 
 
 if __name__ == "__main__":

@@ -8,9 +8,12 @@ the right kinds of values without being a call the agent has already seen.
 """
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
+# Where the generation prompt shows its example (prompts.generate_messages).
+_SHOWN = re.compile(r"For example:\n```\n(.*?)\n```", re.DOTALL)
 # Arguments of a fallback example when no shown example is known, cycled to the arity.
 _FALLBACK = (3, "abc", [1, 2], 2.5, True)
 
@@ -128,3 +131,24 @@ def argument_shapes(n_params: int, shown_args: Sequence[tuple] = ()) -> tuple[tu
     if not examples or n_params == 0:
         return ()
     return tuple(_union([value_shape(args[i]) for args in examples]) for i in range(n_params))
+
+
+def shown_example(prompt: str) -> str | None:
+    """The example input a generation prompt's text shows (None when it shows none)."""
+    match = _SHOWN.search(prompt)
+    return match.group(1).strip() if match else None
+
+
+def copies_example(messages, input_text: str) -> bool:
+    """Whether an input is the example its generation prompt (the last message) showed.
+
+    Compared up to spacing, enclosing parentheses and a trailing comma.
+    """
+    prompt = (list(messages) or [{}])[-1].get("content", "")
+    example = shown_example(prompt)
+    return example is not None and _squash(input_text) == _squash(example)
+
+
+def _squash(args_text: str) -> str:
+    """Argument text without spaces, enclosing parentheses or a trailing comma."""
+    return re.sub(r"\s+", "", args_text).removeprefix("(").removesuffix(")").rstrip(",")

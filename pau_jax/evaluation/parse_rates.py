@@ -22,7 +22,7 @@ import re
 import sys
 from collections.abc import Iterable, Sequence
 
-from pau_jax.env import parse
+from pau_jax.env import input_example, parse
 from pau_jax.sandbox import parse_call_args
 
 PHASES = ("conceptualize", "generate", "revise")
@@ -39,7 +39,6 @@ INPUT_CLASSES = (
 )
 REVISION_CLASSES = ("accepted", "no decision", "empty hypothesis", "token limit", "repetition")
 _DEFINITION = re.compile(r"^\s*def\s+\w+\s*\(", re.M)
-_EXAMPLE = re.compile(r"For example:\n```\n(.*?)\n```", re.DOTALL)
 _REPEAT = re.compile(r"(\b.{12,}?)\1{3,}", re.DOTALL)
 
 
@@ -84,22 +83,9 @@ def classify_revision(step: dict) -> str:
     return "no decision"
 
 
-def prompt_example(step: dict) -> str | None:
-    """The example input the step's generation prompt showed (None when it showed none)."""
-    prompt = (step.get("messages") or [{}])[-1].get("content", "")
-    match = _EXAMPLE.search(prompt)
-    return match.group(1).strip() if match else None
-
-
 def copies_example(step: dict) -> bool:
     """Whether a generation step's input is the prompt's own example, up to spacing."""
-    example = prompt_example(step)
-    return example is not None and _squash(step.get("input_text", "")) == _squash(example)
-
-
-def _squash(args_text: str) -> str:
-    """Argument text without spaces, enclosing parentheses or a trailing comma."""
-    return re.sub(r"\s+", "", args_text).removeprefix("(").removesuffix(")").rstrip(",")
+    return input_example.copies_example(step.get("messages") or (), step.get("input_text", ""))
 
 
 def replay_input(output: str, n_params: int, input_format: str) -> bool:

@@ -49,6 +49,7 @@ class Backbone(nnx.Module):
         cache_index=None,
         cache_mask=None,
         write_mask=None,
+        remat: bool = False,
     ):
         """Maps [B, T] ids to ([B, T, D] normed hidden states, updated (keys, values) or None).
 
@@ -56,9 +57,15 @@ class Backbone(nnx.Module):
         or (keys, values), L arrays [B, K, S, H] and [B, K, H, S], that the tokens are
         written into from slot ``cache_index`` (only those in ``write_mask``, [B, T] or
         None for all); ``cache_mask`` ([B, S] or None) is which cached slots they also
-        attend to (see ``layers.Attention``).
+        attend to (see ``layers.Attention``). ``remat`` (without a cache): each layer's
+        activations are recomputed in the backward pass instead of kept, so a training
+        step holds one layer's activations at a time (about a third more compute).
         """
         x = sharding.constrain(self.embed_tokens(input_ids), layers.ACTIVATION_AXES)
+        if remat and cache is None:
+            for layer in self.layers:
+                x = _remat_layer(layer, x, positions, mask)
+            return self.norm(x), None
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache[0][i], cache[1][i])
@@ -75,6 +82,20 @@ class Backbone(nnx.Module):
                 keys.append(new[0])
                 values.append(new[1])
         return self.norm(x), (None if cache is None else (tuple(keys), tuple(values)))
+
+
+def _remat_layer(layer, x, positions, mask):
+    """One decoder layer without a cache, its activations recomputed in the backward pass.
+
+    The layer is split into its definition and state so ``jax.checkpoint`` sees plain
+    arrays (a cache-less layer call mutates nothing).
+    """
+    graphdef, state = nnx.split(layer)
+
+    def run(state, x):
+        return nnx.merge(graphdef, state)(x, positions=positions, mask=mask)[0]
+
+    return jax.checkpoint(run)(state, x)
 
 
 class Decoder(nnx.Module):
@@ -126,8 +147,14 @@ class Decoder(nnx.Module):
         """
         return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, positions))
 
-    def hidden_states(self, input_ids, attention_mask=None, positions=None) -> jax.Array:
-        """[B, T, D] hidden states after the final norm; arguments as in ``__call__``."""
+    def hidden_states(
+        self, input_ids, attention_mask=None, positions=None, *, remat: bool = False
+    ) -> jax.Array:
+        """[B, T, D] hidden states after the final norm; arguments as in ``__call__``.
+
+        ``remat``: recompute each layer's activations in the backward pass (training
+        memory: one layer's activations instead of all of them).
+        """
         _, t = input_ids.shape
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, bool)
@@ -136,7 +163,7 @@ class Decoder(nnx.Module):
             positions = jnp.maximum(jnp.cumsum(real, axis=-1, dtype=jnp.int32) - 1, 0)
         causal = jnp.tril(jnp.ones((t, t), bool))
         mask = causal[None, :, :] & real[:, None, :]
-        hidden, _ = self.model(input_ids, positions=positions, mask=mask)
+        hidden, _ = self.model(input_ids, positions=positions, mask=mask, remat=remat)
         return hidden
 
     def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:

@@ -225,10 +225,12 @@ class GRPOLoss:
 
     With ``config.beta > 0`` the reference log-probs come from the same model with
     every adapter zeroed (``training.step.reference_model``), without gradient.
+    ``remat`` recomputes the policy forward's layer activations in the backward pass.
     """
 
     config: GRPOConfig
     chunk_tokens: int = 1024
+    remat: bool = False
 
     def __call__(self, model, batch):
         logp, entropy = token_logprobs(
@@ -237,6 +239,7 @@ class GRPOLoss:
             batch.attention_mask,
             temperature=self.config.temperature,
             chunk_tokens=self.chunk_tokens,
+            remat=self.remat,
         )
         ref_logp = None
         if self.config.beta > 0:

@@ -217,7 +217,9 @@ def train(
       reward_config: the reward schedule (None: defaults); its ``max_steps`` is set
         from ``episode_config.max_steps`` (T_max, one setting).
       advantage_fn: the credit function (``@pau_jax.rl.credit.final_plus_mean``, ...).
-      learner_config: optimiser and GRPO constants.
+      learner_config: optimiser and GRPO constants. At learning rate 0 (a control run)
+        the update is skipped: it could not change the adapters; the step's metrics then
+        have no ``train/*`` or ``grpo/*`` entries.
       epochs: passes over the training tasks (used when ``steps`` is None).
       steps: number of training steps; overrides ``epochs``.
       pad_to_multiple: batch sequence length is rounded up to a multiple of this.
@@ -266,9 +268,15 @@ def train(
                 advantage_fn=advantage_fn,
             )
             t1 = time.perf_counter()
-            state, train_metrics, batch, learner_s = _update(
-                r, train_step, state, rollout, pad_to_multiple=pad_to_multiple, rows=rows
-            )
+            if learner_config.learning_rate == 0:
+                # AdamW at learning rate 0 moves nothing (weight decay is scaled by it
+                # too): a control run is its rollouts, without the update's cost.
+                train_metrics, batch, learner_s = {}, [], 0.0
+                state = dataclasses.replace(state, step=state.step + 1)
+            else:
+                state, train_metrics, batch, learner_s = _update(
+                    r, train_step, state, rollout, pad_to_multiple=pad_to_multiple, rows=rows
+                )
             position, step = position + k, step + 1
             last = _metrics(rollout, train_metrics, batch, t0, t1, reshard_s + learner_s, r.mesh)
             _log(r, step, total, last, executor, eval_fn=eval_fn, eval_every=eval_every)
@@ -365,10 +373,9 @@ def _log(
     r: run_lib.Run, step: int, total: int, last: dict, executor, *, eval_fn, eval_every: int
 ) -> None:
     """Prints the step, runs ``eval_fn`` every ``eval_every`` steps, writes the step's metrics row."""
+    loss = f"loss={last['train/loss']:.4f}" if "train/loss" in last else "no update (lr 0)"
     print(
-        f"[train] step {step}/{total} loss={last['train/loss']:.4f} "
-        f"reward={last['rollout/reward_mean']:.3f}",
-        flush=True,
+        f"[train] step {step}/{total} {loss} reward={last['rollout/reward_mean']:.3f}", flush=True
     )
     row = dict(last)
     if eval_fn is not None and eval_every and step % eval_every == 0:
@@ -401,15 +408,16 @@ def _batch_shards(r: run_lib.Run) -> int:
 def _metrics(rollout, train_metrics, batch, t0: float, t1: float, reshard_s: float, mesh) -> dict:
     out = parallel.mean_metrics(dict(rollout.metrics))
     out.update({name: float(value) for name, value in train_metrics.items()})
-    out.update(
-        {
-            "train/batch_rows": float(sum(b.input_ids.shape[0] for b in batch)),
-            "train/batch_length": float(max(b.input_ids.shape[1] for b in batch)),
-            "train/batch_tokens": float(sum(b.input_ids.size for b in batch)),
-            "time/rollout_seconds": t1 - t0,
-            "time/update_seconds": time.perf_counter() - t1,
-        }
-    )
+    if batch:
+        out.update(
+            {
+                "train/batch_rows": float(sum(b.input_ids.shape[0] for b in batch)),
+                "train/batch_length": float(max(b.input_ids.shape[1] for b in batch)),
+                "train/batch_tokens": float(sum(b.input_ids.size for b in batch)),
+            }
+        )
+    out["time/rollout_seconds"] = t1 - t0
+    out["time/update_seconds"] = time.perf_counter() - t1
     if mesh is not None:
         out["time/reshard_s"] = reshard_s
     return out

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from pau_jax.env import runner
+from pau_jax.env import input_example, runner
 from pau_jax.env.episode import EpisodeConfig, Phase
 from pau_jax.env.runner import EpisodeSpec, FinishedEpisode
 from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig, check_prefix_cache_gib
@@ -207,6 +207,14 @@ def _metrics(episodes, scores, rewards, terms, advantages, group_ids, critic) ->
         "critic/score_mean": _mean(x for s in scores for x in s if x is not None),
         "rollout/episode_seconds": _mean(e.seconds for e in episodes),
     }
+    inputs = [s for s in steps if s.phase is Phase.GENERATE and s.parse_ok]
+    out["rollout/example_copy_rate"] = _mean(
+        input_example.copies_example(s.messages, s.input_text) for s in inputs
+    )
+    out["rollout/distinct_calls_per_episode"] = _mean(
+        len({s.call for s in state.steps if s.phase is Phase.GENERATE and s.parse_ok and s.call})
+        for state in states
+    )
     for phase in (Phase.CONCEPTUALIZE, Phase.GENERATE, Phase.REVISE):
         out[f"rollout/parse_failure_rate/{phase.value}"] = _mean(
             not s.parse_ok for s in steps if s.phase is phase

@@ -36,6 +36,7 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
+    remat: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probs and entropies of the given tokens, without materialising [B, T, V] logits.
 
@@ -50,12 +51,17 @@ def token_logprobs(
       attention_mask: [B, T], 1 for real tokens.
       temperature: rollout temperature.
       chunk_tokens: largest number of positions whose logits exist at once.
+      remat: recompute each decoder layer's activations in the backward pass
+        (``Decoder.hidden_states``); the values are the same.
 
     Returns:
       ([B, T] log-probs, [B, T] entropies of the predicting distribution), both
       0 in column 0.
     """
-    hidden = model.hidden_states(input_ids, attention_mask)  # [B, T, D]
+    if remat:
+        hidden = model.hidden_states(input_ids, attention_mask, remat=True)  # [B, T, D]
+    else:
+        hidden = model.hidden_states(input_ids, attention_mask)
     b, t, d = hidden.shape
     n = b * (t - 1)
     if n == 0:

@@ -94,6 +94,8 @@ def _fake_out(out: pathlib.Path, rewards: dict, argv: list[str]) -> None:
         run = out / "runs" / name
         run.mkdir(parents=True)
         rows = [_row(s + 1, r) for s, r in enumerate(values)]
+        if name == "control":  # A run at learning rate 0 logs no update.
+            rows = [{k: v for k, v in r.items() if k not in bench.UPDATE_KEYS} for r in rows]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (run / "summary.json").write_text(json.dumps({"steps": len(values)}))
         probe = {"step": 1, "zero_advantage_group_rate": 1.0, "advantage_var": 0.0}
@@ -109,17 +111,23 @@ def test_report_of_finished_runs_tables_plots_and_headline(tmp_path, capsys):
     }
     argv = ["--out", str(tmp_path), "--checkpoint", str(tmp_path / "model")]
     argv += ["--steps", "8", "--last_k", "5", "--compilation_cache", ""]
+    argv += ["--credits", "process_grpo", "return_to_go"]
     _fake_out(tmp_path, rewards, argv)
     bench.main(argv)
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[-1] == (
         "p_process_grpo=0.0312 p_return_to_go=1 reward_gain_process_grpo=+0.500 "
-        "reward_gain_return_to_go=+0.000 last_k=5 steps=8"
+        "reward_gain_return_to_go=+0.000 p_non_length_process_grpo=0.0312 "
+        "p_non_length_return_to_go=1 last_k=5 steps=8"
     )
     for name in ("learning_curves.png", "reward_terms.png", "diagnostics.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "aac_learning.md").read_text()
-    assert "| process_grpo | -1.400 | +0.500 | 0.0312 |" in table
+    # Two trained runs: Holm-corrected p in brackets; the length term (0.1) is left out.
+    assert (
+        "| process_grpo | -1.400 | +0.500 | 0.0312 [0.0625] | +0.500 | 0.0312 [0.0625] |" in table
+    )
+    assert "| control | -1.900 |  |  |  |  |" in table
     assert "| 8 | -1.200 | -1.900 | -1.900 |" in table
     assert "Why `return_to_go` did not learn" in table and "process_grpo` did not" not in table
     assert "groups with all-zero advantages 1.00 (per step [1.0, nan," in table
@@ -129,6 +137,12 @@ def test_report_of_finished_runs_tables_plots_and_headline(tmp_path, capsys):
     # Other settings in the same folder are refused rather than mixed in.
     with pytest.raises(SystemExit, match="other settings.*learning_rate"):
         bench.main(argv + ["--learning_rate", "0.1"])
+
+
+def test_holm_correction():
+    assert bench.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert bench.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert bench.holm([0.2]) == [0.2]
 
 
 def test_a_missing_metric_fails_with_its_name(tmp_path):
@@ -153,15 +167,16 @@ def test_tiny_model_end_to_end_and_a_rerun_reuses_the_runs(tmp_path):
     first = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     last = first.stdout.strip().splitlines()[-1]
-    assert last.startswith("p_process_grpo=") and last.endswith("last_k=2 steps=2")
-    assert first.stdout.count("[train] step") == 6
+    assert last.startswith("p_final_plus_mean=") and last.endswith("last_k=2 steps=2")
+    assert first.stdout.count("[train] step") == 4
+    assert first.stdout.count("no update (lr 0)") == 2
     out = tmp_path / "out"
     for name in ("learning_curves.png", "reward_terms.png", "diagnostics.png", "aac_learning.md"):
         assert (out / name).stat().st_size > 0
     result = json.loads((out / "results.json").read_text())
     assert result["step1_identical"]  # Same seeds: the runs differ only after an update.
-    assert result["curves"]["control"]["train/update_norm"] == [0.0, 0.0]
-    assert min(result["curves"]["process_grpo"]["train/update_norm"]) > 0
+    assert np.isnan(result["curves"]["control"]["train/update_norm"]).all()  # no update ran
+    assert min(result["curves"]["final_plus_mean"]["train/update_norm"]) > 0
     again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "[train] step" not in again.stdout

@@ -139,6 +139,32 @@ def test_one_row_per_episode_equals_one_row_per_phase(aggregation):
     assert abs(moved - per_phase) > 1e-4
 
 
+def test_remat_gives_the_same_loss_and_gradients_and_is_really_used():
+    """`LearnerConfig.remat` recomputes layer activations: same numbers, another program."""
+    model = lib.tiny_model(seed=2)
+    episodes, advantages = _episodes(seed=7)
+    batch = make_batch([episode_sample(r, a) for r, a in zip(episodes, advantages)])
+    plain = grpo.GRPOLoss(config=CONFIGS["token-mean"], chunk_tokens=16)
+    remat = dataclasses.replace(plain, remat=True)
+    loss, grads = _loss_and_grads(model, plain, [batch])
+    loss_r, grads_r = _loss_and_grads(model, remat, [batch])
+    assert abs(loss) > 1e-3
+    assert loss_r == pytest.approx(loss, abs=1e-6)
+    for a, b in zip(grads, grads_r, strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-6)
+    # The rematerialised program holds checkpointed layers; the plain one does not.
+    graphdef, lora, base = nnx.split(model, nnx.LoRAParam, ...)
+
+    def checkpoints(loss_fn) -> int:
+        def f(lora_state):
+            return loss_fn(nnx.merge(graphdef, lora_state, base), batch)[0]
+
+        return str(jax.make_jaxpr(f)(lora)).count("remat2[")
+
+    # One checkpoint more per layer than the plain program (which checkpoints its logit chunks).
+    assert checkpoints(remat) == checkpoints(plain) + lib.CONFIG.num_hidden_layers
+
+
 def test_micro_batches_of_their_own_lengths_update_as_one_batch():
     episodes, advantages = _episodes(seed=5, n=7)
     rows = [episode_sample(r, a) for r, a in zip(episodes, advantages)] + _phase_rows(
