@@ -1,17 +1,19 @@
-"""Does AAC raise the training reward of a real model? Two credit rules against a frozen control.
+"""Does AAC raise the training reward of a real model? Credit rules against a frozen control.
 
-Three runs of `pau_jax.rl.loop.train` from one seed (same LoRA init, task order and sampling
-seeds): `process_grpo` credit, `return_to_go` credit (gamma 0, per position, as aac.gin
-binds it), and a control at learning rate 0 (the initial policy; it also skips the KL
-reference pass, beta 0, which cannot change a policy that never moves). The runs advance in
-rounds of one step each, every step checkpointed, until `--steps` or until the next round
-would pass `--wall_minutes`, so all have the same number of steps. Step 1 is identical in
-all three (no update has acted yet) and step t draws the same task and sampling seed in
-each, so the runs' step-t rewards are paired.
+Runs of `pau_jax.rl.loop.train` from one seed (same LoRA init, task order and sampling seeds):
+one per credit rule in `--credits` (default: `final_plus_mean`, loop.train's default) and a
+control at learning rate 0 (the initial policy: the loop runs no update for it, so it cannot
+change). The runs advance in rounds of one step each, every step checkpointed, until `--steps`
+or until the next round would pass `--wall_minutes`, so all have the same number of steps.
+Step 1 is identical in all runs (no update has acted yet) and step t draws the same tasks and
+sampling seed in each, so the runs' step-t rewards are paired.
 
     python benchmarks/aac_learning.py --out runs/aac_learning                  # SmolLM2-135M
-    python benchmarks/aac_learning.py --out runs/aac_learning_coder --wall_minutes 240 \
-        --checkpoint ~/.cache/pau_jax/qwen2.5-coder-0.5b-instruct --steps 8
+    python benchmarks/aac_learning.py --out runs/aac_coder05 \
+        --checkpoint ~/.cache/pau_jax/qwen2.5-coder-0.5b-instruct --tasks_per_batch 2 \
+        --group_size 4 --t_max 7 --max_new_tokens 64 --critic_tokens 48 --taus 16 4 16 \
+        --conversation multi_turn --decode_weights q8 --remat --micro_batch_size 4 \
+        --steps 12 --last_k 6 --wall_minutes 118          # the code model, ~2 hours here
     python benchmarks/aac_learning.py --out /tmp/aac_tiny --checkpoint tiny --dataset demo \
         --steps 2 --group_size 2 --max_new_tokens 8 --critic_tokens 4   # smoke test, random model
 
@@ -19,34 +21,35 @@ A rerun with the same `--out` continues: the loop resumes each run from its late
 checkpoint, finished steps and runs are kept, and settings other than those recorded in
 `settings.json` are refused. `--wall_minutes` counts this invocation only.
 
-Settings that differ from the paper, to fit 60 minutes on 2 CPU cores (printed at the start):
-1 task x G = 4 episodes per step (paper 8 x 8); T_MAX = 3 phases (paper 40): one reasoning,
-one input and one reflection step, so `calls` is 0 or 1 and an episode ends by STOP or by
-timeout; 32 new tokens per actor reply (paper 512) and 48 per critic reply (aac.gin 128);
-length thresholds scaled to those replies, 8/4/8 words instead of 100/30/100 (as
-quickstart_real.gin); learning rate 1e-3 (paper 1e-6, which moves nothing measurable in 10
-steps; at 1e-3 three SmolLM2 steps move the logits by ~1, docs/benchmarks.md); float32 and
-micro-batches of 4 rows (CPU memory); the 3 MBPP tasks of the `pau/debug` train split (paper:
-the full split); 10 steps. The update costs ~6 x 135M FLOPs per token of 12 rows of ~400
-tokens, the rollout 3 batched phases plus one critic call. Kept from the paper: the call budget
-(25), LoRA rank 16 / alpha 16, temperature 1, the critic (frozen base, greedy, gold
+Settings that differ from the paper to fit 2 CPU cores are printed at the start and written
+into the report (tasks x G per step, T_MAX, reply lengths, length thresholds scaled to those
+replies, learning rate 1e-3 instead of 1e-6, which moves nothing measurable in a few steps,
+float32 with micro-batches, the small `pau/debug` train split). Kept from the paper: the call
+budget (25), LoRA rank 16 / alpha 16, temperature 1, the critic (frozen base, greedy, gold
 description), the reward constants, GRPO clip 0.2, KL beta 0.001, AdamW (weight decay 0.01,
-clip norm 1).
+clip norm 1). `--conversation multi_turn` scores each episode as one learner row,
+`--decode_weights q8` samples with 8-bit decode weights (the learner corrects for the
+mismatch with truncated importance weights), `--remat` recomputes each layer's activations
+in the backward pass (CPU memory).
 
-Read from each run's metrics.jsonl (`KEYS`; a missing one fails with its name): the curves
-(`CURVES`: reward, input parse rate, critic score, calls, stop and timeout rates), the reward
-terms and the diagnostics (`DIAGNOSTICS`). The credit rule is wrapped (`AdvantageProbe`) to log
-per step what the loop does not: the share of groups whose advantages are all zero, the
-advantage variance and the within-group spread of returns (`advantages.jsonl`).
+Read from each run's metrics.jsonl (`KEYS`; a missing one fails with its name, except the
+update's own keys in the control): the curves (`CURVES`: reward, input parse rate, critic
+score, calls, distinct calls, copies of the prompt's example, stop and timeout rates), every
+reward term (`TERM_CURVES`) and the diagnostics (`DIAGNOSTICS`). The credit rule is wrapped
+(`AdvantageProbe`) to log per step what the loop does not: the share of groups whose
+advantages are all zero, the advantage variance and the within-group spread of returns
+(`advantages.jsonl`).
 
-Test: for each trained run, a one-sided paired sign-flip permutation test
+Tests: for each trained run, a one-sided paired sign-flip permutation test
 (`pau_jax.evaluation.stats.paired_permutation_test`, exact) that its per-step mean episode
-reward over the last k steps exceeds the control's; the smallest possible p is 2^-k. A run
-with p >= alpha or no gain gets a diagnosis with numbers.
+reward over the last k steps exceeds the control's (the smallest possible p is 2^-k), and the
+same test on the reward without its length term (`NON_LENGTH`). With more than one trained
+run the p-values are also given Holm-corrected. A run with p >= alpha or no gain gets a
+diagnosis with numbers.
 
 Writes to `--out`: learning_curves.png, reward_terms.png, diagnostics.png, aac_learning.md
-(tables for docs/benchmarks.md), results.json, runs/<run>/. The last line is
-`p_process_grpo=... p_return_to_go=... reward_gain_process_grpo=... reward_gain_return_to_go=...
+(tables for docs/benchmarks.md, one per-step table of the reward and each term), results.json,
+runs/<run>/. The last line is `p_<run>=... reward_gain_<run>=... p_non_length_<run>=...
 last_k=... steps=...` (gain: mean over the last k steps of trained minus control reward).
 """
 
@@ -437,7 +440,7 @@ def _settings(args) -> tuple[dict, list]:
     rows = [
         ("tasks x G per step", f"{args.tasks_per_batch} x {args.group_size}", "8 x 8", "CPU time"),
         ("steps", args.steps, "5 epochs", "wall budget"),
-        ("T_MAX (phases)", args.t_max, 40, "one call per episode; STOP or timeout"),
+        ("T_MAX (phases)", args.t_max, 40, f"at most {max(0, (args.t_max - 1) // 2)} calls"),
         (
             "actor / critic new tokens",
             f"{args.max_new_tokens} / {args.critic_tokens}",

@@ -63,9 +63,7 @@ class Backbone(nnx.Module):
         """
         x = sharding.constrain(self.embed_tokens(input_ids), layers.ACTIVATION_AXES)
         if remat and cache is None:
-            for layer in self.layers:
-                x = _remat_layer(layer, x, positions, mask)
-            return self.norm(x), None
+            return self.norm(_remat_layers(self.layers, x, positions, mask)), None
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache[0][i], cache[1][i])
@@ -84,18 +82,35 @@ class Backbone(nnx.Module):
         return self.norm(x), (None if cache is None else (tuple(keys), tuple(values)))
 
 
-def _remat_layer(layer, x, positions, mask):
-    """One decoder layer without a cache, its activations recomputed in the backward pass.
+def _remat_layers(layers, x, positions, mask):
+    """The decoder layers without a cache, each one's activations recomputed in the backward pass.
 
-    The layer is split into its definition and state so ``jax.checkpoint`` sees plain
-    arrays (a cache-less layer call mutates nothing).
+    Each layer is split into its definition and state so ``jax.checkpoint`` sees plain
+    arrays (a cache-less layer call mutates nothing). Layers of one definition (every
+    dense model) run as a ``lax.scan`` over their stacked states: the loop is what keeps
+    XLA from scheduling every layer's recomputation at once. Temporaries of one GRPO
+    update of Qwen2.5-0.5B (XLA:CPU's memory analysis), one 1,408-token row: 14.2 GB
+    without remat, 13.6 GB with checkpointed layers unrolled, 2.5 GB scanned; four rows
+    of 1,600: 66.9 GB without, 5.4 GB scanned. Layers that differ (a mixture-of-experts
+    schedule) stay unrolled.
     """
-    graphdef, state = nnx.split(layer)
+    splits = [nnx.split(layer) for layer in layers]
 
-    def run(state, x):
+    def run(graphdef, state, x):
         return nnx.merge(graphdef, state)(x, positions=positions, mask=mask)[0]
 
-    return jax.checkpoint(run)(state, x)
+    graphdef = splits[0][0]
+    if any(g != graphdef for g, _ in splits[1:]):
+        for g, state in splits:
+            x = jax.checkpoint(run, static_argnums=(0,))(g, state, x)
+        return x
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(state for _, state in splits))
+
+    @jax.checkpoint
+    def body(x, state):
+        return run(graphdef, state, x), None
+
+    return jax.lax.scan(body, x, stacked)[0]
 
 
 class Decoder(nnx.Module):
