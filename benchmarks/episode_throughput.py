@@ -48,7 +48,7 @@ from pau_jax import models  # noqa: E402
 from pau_jax.env import runner  # noqa: E402
 from pau_jax.env.episode import EpisodeConfig  # noqa: E402
 from pau_jax.models import qwen3  # noqa: E402
-from pau_jax.policy.config import SamplingConfig  # noqa: E402
+from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig  # noqa: E402
 from pau_jax.policy.local import LocalPolicy  # noqa: E402
 from pau_jax.sampling import sampler  # noqa: E402
 from pau_jax.sampling.prefix_cache import PrefixCache  # noqa: E402
@@ -166,6 +166,11 @@ def _run(name, specs, model, tokenizer, sampling, config, executor, cache):
     return len(finished) / wall * 3600, len(finished) / (wall - compile_s) * 3600, replies
 
 
+def _cache() -> PrefixCache:
+    """A prefix cache of the size every seat's has."""
+    return PrefixCache(max_bytes=int(DEFAULT_PREFIX_CACHE_GIB * 2**30))
+
+
 def _compare_structured(mode, specs, model, tokenizer, sampling, config, executor) -> None:
     """Times the episodes with structured decoding off, then on; prints the headline line.
 
@@ -175,10 +180,10 @@ def _compare_structured(mode, specs, model, tokenizer, sampling, config, executo
     """
     structured = dataclasses.replace(sampling, structured=mode)
     off_rate, _, off_replies = _run(
-        "off", specs, model, tokenizer, sampling, config, executor, PrefixCache()
+        "off", specs, model, tokenizer, sampling, config, executor, _cache()
     )
     on_rate, _, on_replies = _run(
-        mode, specs, model, tokenizer, structured, config, executor, PrefixCache()
+        mode, specs, model, tokenizer, structured, config, executor, _cache()
     )
     prefix_identical = off_replies.keys() == on_replies.keys() and all(
         len(off_replies[k]) == len(on_replies[k])
@@ -253,7 +258,7 @@ def main() -> None:
                     )
                     for s in specs[: args.warmup]
                 ]
-                for cache in (PrefixCache(), None):
+                for cache in (_cache(), None):
                     policy = LocalPolicy(model, tokenizer, sampling, prefix_cache=cache)
                     runner.run_episode_states(warm, policy, executor, config, progress=False)
                 print(f"warm-up done ({args.warmup} task(s) both ways)", flush=True)
@@ -263,7 +268,7 @@ def main() -> None:
                 )
                 return
             reuse_rate, reuse_warm, reuse_replies = _run(
-                "reuse", specs, model, tokenizer, sampling, config, executor, PrefixCache()
+                "reuse", specs, model, tokenizer, sampling, config, executor, _cache()
             )
             if args.reuse_only:
                 print(f"episodes_per_hour_reuse={reuse_rate:.1f}")

@@ -7,7 +7,7 @@ import numpy as np
 
 from pau_jax.env import turns
 from pau_jax.policy import turn_ids
-from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig
+from pau_jax.policy.config import SamplingConfig
 from pau_jax.sampling import constraint, generate, output
 from pau_jax.sampling.prefix_cache import PrefixCache
 
@@ -64,8 +64,9 @@ class LocalPolicy:
       prefix_cache: keys and values of earlier prompts and replies, reused when a new prompt
         starts with one (`pau_jax.sampling.prefix_cache`): the next phase of an episode then
         prefills only what was appended. Greedy replies are the same with or without it.
-        None disables reuse. The default keeps up to 2 GiB, and empties itself when the
-        model's weights change.
+        A cache empties itself when the model's weights change. None (the default)
+        disables reuse; `backends.prefix_cache(gib)` sizes the one that every seat and
+        training run builds (`config.DEFAULT_PREFIX_CACHE_GIB` unless configured).
     """
 
     def __init__(
@@ -73,13 +74,11 @@ class LocalPolicy:
         model,
         tokenizer,
         sampling: SamplingConfig = SamplingConfig(),
-        prefix_cache: PrefixCache | None | str = "default",
+        prefix_cache: PrefixCache | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling
-        if prefix_cache == "default":
-            prefix_cache = PrefixCache(max_bytes=int(DEFAULT_PREFIX_CACHE_GIB * 2**30))
         self.prefix_cache = prefix_cache
         self._calls = 0
         self.last_stats: dict[str, float] = {}

@@ -108,7 +108,7 @@ class PrefixCache:
         prefilled whole); reusing a handful of tokens saves less than it costs.
     """
 
-    def __init__(self, max_bytes: int = 2 << 30, min_reuse: int = 32):
+    def __init__(self, max_bytes: int, min_reuse: int = 32):
         if max_bytes < 0 or min_reuse < 1:
             raise ValueError(
                 f"max_bytes must be >= 0 and min_reuse >= 1, got {max_bytes} and {min_reuse}"

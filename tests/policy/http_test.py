@@ -16,6 +16,7 @@ from pau_jax.policy.config import SamplingConfig
 from pau_jax.policy.http import EndpointError, HTTPConfig, HTTPPolicy
 from pau_jax.policy.local import LocalPolicy
 from pau_jax.policy.server import PolicyServer
+from pau_jax.sampling.prefix_cache import PrefixCache
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What does test_func(3) return?"}],
@@ -33,7 +34,9 @@ def local_policy():
 
     config = checkpoints.tiny_qwen3_config(max_position_embeddings=2048)
     model = qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
-    return LocalPolicy(model, load_tokenizer("qwen3-offline"), SamplingConfig(max_new_tokens=6))
+    tokenizer = load_tokenizer("qwen3-offline")
+    cache = PrefixCache(max_bytes=1 << 28)
+    return LocalPolicy(model, tokenizer, SamplingConfig(max_new_tokens=6), prefix_cache=cache)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from pau_jax.models import kv_cache
 from pau_jax.sampling import generate, prefix_cache, sampler
 
 RNG = np.random.default_rng(7)
+ROOMY = 1 << 30  # a budget no test's entries reach
 SYSTEM = RNG.integers(1, 128, 40).tolist()
 EPISODES = [SYSTEM + RNG.integers(1, 128, n).tolist() for n in (5, 19)]
 NEW = 10
@@ -48,7 +49,7 @@ def test_greedy_phases_are_token_identical_with_and_without_reuse(tiny_model):
     RNG = np.random.default_rng(11)
     plain = _phases(tiny_model, None)
     RNG = np.random.default_rng(11)
-    cache = prefix_cache.PrefixCache(min_reuse=8)
+    cache = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8)
     before = sampler.call_counts().get("reused_tokens", 0)
     reused = _phases(tiny_model, cache)
     assert sampler.call_counts()["reused_tokens"] > before  # later phases reused prefixes
@@ -60,7 +61,7 @@ def test_greedy_phases_are_token_identical_with_and_without_reuse(tiny_model):
 
 
 def test_sampled_logprobs_on_a_reused_prefix_equal_the_full_forward(tiny_model, torch_model):
-    cache = prefix_cache.PrefixCache(min_reuse=8)
+    cache = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8)
     outs = _phases(tiny_model, cache, rounds=2, temperature=0.8)
     assert cache.stats["hits"] >= 2
     # Phase 2's prompts: rebuild them from the cache's entries (prompt + reply prefix).
@@ -75,9 +76,9 @@ def test_sampled_logprobs_on_a_reused_prefix_equal_the_full_forward(tiny_model, 
 
 
 def test_cached_keys_equal_a_fresh_prefill_of_the_same_tokens(tiny_model):
-    cache = prefix_cache.PrefixCache(min_reuse=8)
+    cache = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8)
     _phases(tiny_model, cache, rounds=2)
-    fresh = prefix_cache.PrefixCache(min_reuse=8)
+    fresh = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8)
     for entry in list(cache._entries.values()):
         # A one-token reply after the entry's tokens and one more stores the keys of both.
         generate(tiny_model, [entry.tokens.tolist() + [1]], max_new_tokens=1, prefix_cache=fresh)
@@ -90,7 +91,7 @@ def test_cached_keys_equal_a_fresh_prefill_of_the_same_tokens(tiny_model):
 
 
 def test_new_weights_empty_the_cache(tiny_model):
-    cache = prefix_cache.PrefixCache(min_reuse=8)
+    cache = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8)
     generate(tiny_model, [EPISODES[0]], max_new_tokens=4, prefix_cache=cache)
     assert len(cache) == 1
     generate(tiny_model, [EPISODES[0] + [5]], max_new_tokens=4, prefix_cache=cache)
@@ -132,7 +133,7 @@ def test_match_limits_budget_and_superseded_entries():
 
 
 def test_rows_beyond_the_budget_are_not_stored(tiny_model):
-    roomy = prefix_cache.PrefixCache(min_reuse=8)
+    roomy = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8)
     generate(tiny_model, EPISODES, max_new_tokens=NEW, prefix_cache=roomy)
     block = next(iter(roomy._entries.values())).block
     assert len(roomy) == 2 and block.num_rows == 2
@@ -150,7 +151,7 @@ def test_rows_beyond_the_budget_are_not_stored(tiny_model):
 def test_a_reusing_call_has_the_cache_layout_of_a_plain_call(tiny_model):
     """Reuse changes which tokens are computed, not where they sit: every row's run
     starts and ends at the slots of a plain call, in a decode cache of the same size."""
-    cache = prefix_cache.PrefixCache(min_reuse=8)
+    cache = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8)
     outs = _phases(tiny_model, cache, rounds=2)
     assert cache.stats["hits"] >= 2 and outs[-1].reused_tokens > 0
     last = list(cache._entries.values())[-1].block  # the last call's rows
@@ -160,7 +161,9 @@ def test_a_reusing_call_has_the_cache_layout_of_a_plain_call(tiny_model):
         e.tokens[: len(e.tokens) - len(t) + 1].tolist()
         for e, t in zip(entries, outs[-1].tokens, strict=True)
     ]
-    plain = prefix_cache.PrefixCache(min_reuse=8)  # empty: the same prompts prefilled whole
+    plain = prefix_cache.PrefixCache(
+        max_bytes=ROOMY, min_reuse=8
+    )  # empty: the same prompts prefilled whole
     generate(tiny_model, prompts, max_new_tokens=NEW, prefix_cache=plain, seed=1)
     twins = sorted(plain._entries.values(), key=lambda e: e.row)
     assert plain.stats["hits"] == 0
@@ -210,7 +213,7 @@ def test_overlay_writes_only_real_new_tokens(tiny_model):
 def test_prompts_reusing_runs_of_different_calls(tiny_model):
     """Two prompts whose prefixes were computed by two earlier calls (two blocks) are
     gathered into one prefill, and sample what plain calls sample."""
-    cache = prefix_cache.PrefixCache(min_reuse=8)
+    cache = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8)
     first = generate(tiny_model, [EPISODES[0]], max_new_tokens=NEW, prefix_cache=cache)
     second = generate(tiny_model, [EPISODES[1]], max_new_tokens=NEW, prefix_cache=cache)
     assert len({id(e.block) for e in cache._entries.values()}) == 2
@@ -231,7 +234,7 @@ def test_reuse_with_samples_a_penalty_and_an_unmatched_prompt(tiny_model):
     penalty, three prompts (a padded batch bucket) of which one matches nothing (its
     whole prompt in the new-token block): what plain calls sample."""
     settings = dict(max_new_tokens=NEW, n_samples=2, repetition_penalty=1.3)
-    cache = prefix_cache.PrefixCache(min_reuse=8)
+    cache = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8)
     starts = [EPISODES[0], EPISODES[1], SYSTEM[::-1] + [9] * 5]
     first = generate(tiny_model, starts, prefix_cache=cache, **settings)
     assert len(cache) >= 3  # the two samples of a prompt are the same greedy sequence
