@@ -33,10 +33,14 @@ Usage (from the repository root):
 
     python benchmarks/learner_update.py                      # a tiny random model: runs anywhere
     python benchmarks/learner_update.py --model ~/.cache/pau_jax/qwen2.5-coder-0.5b-instruct \\
-        --dtype bfloat16 --episodes 16                       # the real 0.5B, on an idle machine
+        --episodes 2 --micro_batch_size 1 --repeats 1 --remat \\
+        --layouts phase_buckets episode                      # the real 0.5B, on an idle machine
 
-The run is marked noisy when the 1-minute load average exceeded 0.5 at the start. The last
-line is `speedup=...x (per-phase rows, one batch / one row per episode) noisy=0|1`.
+`--remat` recomputes each layer's activations in the backward pass (`LearnerConfig.remat`;
+without it the 0.5B's per-phase layouts need more than 24 GiB); `--layouts` picks among
+`phase`, `phase_buckets` and `episode`. The run is marked noisy when the 1-minute load
+average exceeded 0.5 at the start. The last line is `speedup=...x (<the first per-phase
+layout run> / one row per episode) noisy=0|1`.
 """
 
 import argparse
@@ -90,6 +94,14 @@ def make_episodes(args, vocab: int) -> tuple[list[list[Reply]], list[list[float]
     return episodes, advantages
 
 
+# `--layouts` key -> layout name.
+LAYOUTS = {
+    "phase": "per-phase rows, one batch",
+    "phase_buckets": "per-phase rows, length buckets",
+    "episode": "one row per episode, length buckets",
+}
+
+
 def layouts(episodes, advantages, args) -> dict[str, object]:
     """Layout name -> one ``Batch`` or a list of micro-batches, of the same episodes."""
     phase_rows = [
@@ -105,11 +117,11 @@ def layouts(episodes, advantages, args) -> dict[str, object]:
     episode_rows = [episode_sample(r, a) for r, a in zip(episodes, advantages)]
     m, pad = args.micro_batch_size, args.pad_to_multiple
     return {
-        "per-phase rows, one batch": make_batch(phase_rows, pad_to_multiple=pad, rows_multiple=m),
-        "per-phase rows, length buckets": make_micro_batches(
+        LAYOUTS["phase"]: make_batch(phase_rows, pad_to_multiple=pad, rows_multiple=m),
+        LAYOUTS["phase_buckets"]: make_micro_batches(
             phase_rows, micro_batch_size=m, pad_to_multiple=pad
         ),
-        "one row per episode, length buckets": make_micro_batches(
+        LAYOUTS["episode"]: make_micro_batches(
             episode_rows, micro_batch_size=m, pad_to_multiple=pad
         ),
     }
@@ -201,6 +213,8 @@ def main():
     add("--beta", type=float, default=0.001)
     add("--repeats", type=int, default=3)
     add("--seed", type=int, default=0)
+    add("--remat", action="store_true", help="recompute layer activations (LearnerConfig.remat)")
+    add("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS), help="which to run")
     args = parser.parse_args()
 
     load_start = os.getloadavg()[0]
@@ -210,6 +224,7 @@ def main():
         micro_batch_size=args.micro_batch_size,
         logits_chunk_tokens=args.logits_chunk_tokens,
         grpo=GRPOConfig(beta=args.beta),
+        remat=args.remat,
     )
     finals = [len(e[-1].prompt_ids) + len(e[-1].token_ids) for e in episodes]
     print(f"devices: {jax.devices()}; load average at the start {load_start:.2f}")
@@ -217,7 +232,7 @@ def main():
     print(
         f"episodes: {args.episodes} x {args.phases} phases, final length {min(finals)}-"
         f"{max(finals)} tokens (mean {np.mean(finals):.0f}); micro-batch {args.micro_batch_size}"
-        f", beta {args.beta}"
+        f", beta {args.beta}, remat {args.remat}"
     )
     print()
     print(
@@ -226,7 +241,10 @@ def main():
     )
     print("|---|---|---|---|---|---|---|---|")
     per_episode = {}
+    chosen = {LAYOUTS[key] for key in args.layouts}
     for name, batches in layouts(episodes, advantages, args).items():
+        if name not in chosen:
+            continue
         micro = _micro(batches, args.micro_batch_size)
         rows = sum(b.input_ids.shape[0] for b in micro)
         padded = sum(b.input_ids.size for b in micro)
@@ -243,10 +261,14 @@ def main():
     noisy = int(load_start > 0.5)
     print()
     print(f"load average at the end {load_end:.2f} (this run's own threads included)")
-    before = per_episode["per-phase rows, one batch"]
-    after = per_episode["one row per episode, length buckets"]
+    after = per_episode.get(LAYOUTS["episode"])
+    before_key = next((k for k in ("phase", "phase_buckets") if LAYOUTS[k] in per_episode), None)
+    if after is None or before_key is None:
+        print(f"speedup=nan (needs `episode` and a per-phase layout) noisy={noisy}")
+        return
+    before = per_episode[LAYOUTS[before_key]]
     print(
-        f"speedup={before / after:.2f}x (per-phase rows, one batch {before:.4f} s / one row per "
+        f"speedup={before / after:.2f}x ({LAYOUTS[before_key]} {before:.4f} s / one row per "
         f"episode {after:.4f} s per trained episode) noisy={noisy}"
     )
 

@@ -53,3 +53,16 @@ def test_a_tiny_run_prints_its_ratio_last():
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600).stdout
     assert out.strip().splitlines()[-1].startswith("speedup=")
     assert "| one row per episode, length buckets | 2 |" in out
+
+
+def test_chosen_layouts_with_remat():
+    argv = [sys.executable, str(SCRIPT), "--episodes", "2", "--phases", "3", "--first_prompt", "32"]
+    argv += ["--reply_min", "4", "--reply_max", "8", "--appended", "6", "--repeats", "1"]
+    argv += ["--pad_to_multiple", "16", "--micro_batch_size", "2", "--remat"]
+    argv += ["--layouts", "phase_buckets", "episode"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600).stdout
+    assert "remat True" in out
+    assert "| per-phase rows, one batch |" not in out
+    assert "| per-phase rows, length buckets |" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("speedup=") and "(per-phase rows, length buckets " in last
