@@ -8,13 +8,16 @@ Usage:
 
 Gin files are looked up in the current directory, then in the repository's `gin/`
 folder. The operative configuration, the git commit and the package versions are
-written into the run directory before anything else happens.
+written into the run directory before anything else happens, once its lock is held:
+a second launcher on a run directory in use stops with one line naming the holder,
+and a rerun refused for other settings (`run_claim`) leaves the records as they were.
 
 A mistake in the configuration or the input (a misspelled name, a required seat left
 unset, a missing checkpoint or dataset) stops the run with a short message on stderr
 and exit status 1; `--traceback` (or PAU_TRACEBACK=1) shows the full traceback instead.
 """
 
+import contextlib
 import importlib.util  # noqa: F401  (gin-config 0.5.0 needs it imported before parsing includes)
 import json
 import logging as std_logging
@@ -27,7 +30,7 @@ import time
 
 from absl import app, flags, logging
 
-from pau_jax import experiment
+from pau_jax import experiment, run_claim
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
 
@@ -90,20 +93,33 @@ def _resolve_gin_file(name: str) -> str:
     )
 
 
-def _record_run(run_dir: pathlib.Path, gin_text: str) -> None:
-    """Writes what ran: config, commit, versions, command line, host."""
-    from importlib import metadata
+# What `_record_run` writes into the run directory.
+_RECORDS = ("config.gin", "run_info.json")
 
+
+def _make_run_dir(run_dir: pathlib.Path) -> None:
+    """Makes the run directory; a one-line `ConfigError` when it cannot be made."""
     from pau_jax import config_check
 
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.gin").write_text(gin_text)
     except OSError as e:
         raise config_check.ConfigError(
             f"cannot write the run directory {run_dir}: {e.strerror or e}; "
             "pass a writable --run_dir"
         ) from e
+
+
+def _record_run(run_dir: pathlib.Path, gin_text: str) -> dict[str, bytes | None]:
+    """Writes what ran: config, commit, versions, command line, host.
+
+    Returns:
+      The records it replaced (file name -> contents, None where there was none).
+    """
+    from importlib import metadata
+
+    replaced = {name: _read_bytes(run_dir / name) for name in _RECORDS}
+    (run_dir / "config.gin").write_text(gin_text)
     try:
         commit = subprocess.run(
             ["git", "-C", str(GIN_DIR.parent), "rev-parse", "HEAD"],
@@ -130,6 +146,20 @@ def _record_run(run_dir: pathlib.Path, gin_text: str) -> None:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    return replaced
+
+
+def _read_bytes(path: pathlib.Path) -> bytes | None:
+    return path.read_bytes() if path.exists() else None
+
+
+def _restore_records(run_dir: pathlib.Path, replaced: dict[str, bytes | None]) -> None:
+    """Puts back the records `_record_run` replaced (a refused run leaves none of its own)."""
+    for name, data in replaced.items():
+        if data is None:
+            (run_dir / name).unlink(missing_ok=True)
+        else:
+            (run_dir / name).write_bytes(data)
 
 
 _SEARCH_PATHS: list[str] = []
@@ -172,8 +202,9 @@ def _is_user_error(error: BaseException) -> bool:
     """Whether `error` is a mistake in the configuration or the input, shown without traceback.
 
     These are: usage and configuration errors; the project's one-line errors of a
-    checkpoint that cannot be fetched (`FetchError`) and of a model endpoint that
-    still fails after its retries (`EndpointError`); operating-system errors (a
+    checkpoint that cannot be fetched (`FetchError`), of a model endpoint that
+    still fails after its retries (`EndpointError`) and of a run directory in use
+    or holding other settings' results (`RunDirError`); operating-system errors (a
     missing file or checkpoint, an unwritable directory, a refused connection); and
     ValueErrors raised by this package's or gin's own checks. Anything else (an
     AssertionError, a TypeError, a ValueError from inside JAX or NumPy) is unexpected
@@ -185,7 +216,14 @@ def _is_user_error(error: BaseException) -> bool:
     from pau_jax.policy.http import EndpointError
     from pau_jax.tools.fetch import FetchError
 
-    user = (app.UsageError, config_check.ConfigError, FetchError, EndpointError, OSError)
+    user = (
+        app.UsageError,
+        config_check.ConfigError,
+        FetchError,
+        EndpointError,
+        run_claim.RunDirError,
+        OSError,
+    )
     if isinstance(error, user):
         return True
     if not isinstance(error, ValueError) or error.__traceback__ is None:
@@ -249,14 +287,24 @@ def _main(argv):
     if parallel.initialize_distributed() and _RUN_DIR.value is None:
         raise app.UsageError("a multi-process run needs --run_dir (the same on every process)")
     primary = parallel.is_primary()
-    if primary:
-        _record_run(run_dir, gin.config_str())
-        print(f"[launch] {mode} run directory: {run_dir}", flush=True)
-    entry = gin.get_configurable(entry_name)
-    entry(run_dir=str(run_dir))
-    # The operative config lists only what was actually used; write it after the run.
-    if primary:
-        (run_dir / "operative_config.gin").write_text(gin.operative_config_str())
+    with contextlib.ExitStack() as stack:
+        if primary:
+            _make_run_dir(run_dir)
+            # One process writes a run directory: a second launcher stops here, before its
+            # records replace those of the run in progress (the entry claims it again).
+            stack.enter_context(run_claim.lock(run_dir))
+            replaced = _record_run(run_dir, gin.config_str())
+            print(f"[launch] {mode} run directory: {run_dir}", flush=True)
+        entry = gin.get_configurable(entry_name)
+        try:
+            entry(run_dir=str(run_dir))
+        except run_claim.RunDirError:
+            if primary:  # The records stay those of the run whose results the folder holds.
+                _restore_records(run_dir, replaced)
+            raise
+        # The operative config lists only what was actually used; write it after the run.
+        if primary:
+            (run_dir / "operative_config.gin").write_text(gin.operative_config_str())
 
 
 def enable_compilation_cache(directory: str) -> pathlib.Path | None:

@@ -143,17 +143,23 @@ def episode_record(
 RECORD_KEYS = ("task_id",)
 
 
+def record_id(record: dict) -> str:
+    """The episode id of a record; records written before episodes had their own ids count
+    by their task id."""
+    return record.get("episode_id") or record["task_id"]
+
+
 def finished_ids(path: str | os.PathLike) -> set[str]:
     """Episode ids already recorded in a JSONL file (none when it does not exist).
 
     Read with `jsonl.read`: a torn last line is ignored, a corrupt line raises
-    `jsonl.CorruptRecordError` (`jsonl.prepare` moves those aside first). Records
-    written before episodes had their own ids count by their task id.
+    `jsonl.CorruptRecordError` (`jsonl.prepare` moves those aside first). An id
+    recorded twice (see `load_records`) counts once.
     """
     path = pathlib.Path(path)
     if not path.exists():
         return set()
-    return {r.get("episode_id") or r["task_id"] for r in jsonl.read(path, required=RECORD_KEYS)}
+    return {record_id(r) for r in jsonl.read(path, required=RECORD_KEYS)}
 
 
 def drop_torn_tail(path: pathlib.Path) -> None:
@@ -311,5 +317,24 @@ def run_episodes(
 
 
 def load_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records of a JSONL trajectory (or scored) file, in order (see `finished_ids`)."""
-    return jsonl.read(path, required=RECORD_KEYS)
+    """The records of a JSONL trajectory (or scored) file, in order, one per episode id.
+
+    Read as `finished_ids` reads them. A file that two runs appended to at once (which
+    a run directory's lock, `pau_jax.run_claim`, now prevents) may hold an episode
+    twice: the first complete record of each id is kept, and one warning on stderr
+    counts the records dropped.
+    """
+    every, records, seen = jsonl.read(path, required=RECORD_KEYS), [], set()
+    for record in every:
+        if record_id(record) not in seen:
+            seen.add(record_id(record))
+            records.append(record)
+    dropped = len(every) - len(records)
+    if dropped:
+        print(
+            f"[runner] warning: {path}: {dropped} record{'s' if dropped != 1 else ''} of "
+            "episodes recorded earlier in the file dropped (the first record of each kept)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return records

@@ -28,6 +28,12 @@ coder variant that sees the observed calls): `<mode>_episodes.jsonl`
 (resumable), `<run>_scored.jsonl` (resumable), `metrics.json`, `report.md` and
 PNG plots; `memory/` and `ft/` hold the baselines' intermediate files.
 
+The run holds `run_dir` while it runs (`run_claim`): a second process writing
+into it stops with one line naming the holder, and a rerun whose settings differ
+from those the folder's results came from (`fingerprint.json`: agent, judge,
+coder, dataset, modes, protocol, scoring, prompt versions) stops with one line
+naming each field that differs, instead of resuming them as its own.
+
 A seat (agent, judge, coder, embedder) whose endpoint still fails after its
 retries stops the run with an `http.EndpointError` naming the seat; what was
 written stays and a rerun with the same `run_dir` resumes. A corrupt line of a
@@ -41,18 +47,23 @@ import pathlib
 import time
 from collections.abc import Sequence
 
+from pau_jax import run_claim
 from pau_jax.env import (
     jsonl,
+    prompts,
     runner,  # noqa: F401 (kept as `pipeline.runner` for callers)
 )
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.evaluation import memory as memory_lib
 from pau_jax.evaluation import (
+    code_match,
+    failure_modes,
     metrics,
     report,
     score,  # noqa: F401 (kept as `pipeline.score` for callers)
     stats,
 )
+from pau_jax.evaluation import memory as memory_lib
+from pau_jax.evaluation.judge import JUDGE_PROMPT_VERSION
 from pau_jax.evaluation.modes import REGISTRY, Context, Options
 from pau_jax.evaluation.modes.context import train_dataset as _train_dataset
 from pau_jax.policy import backends
@@ -102,6 +113,45 @@ def _grading(modes, policy, judge, coder):
         "self_graded": judge_self or coder_self,
     }
     return judge_backend, coder_backend, grading
+
+
+def _fingerprint(modes, options: Options, judge, coder) -> dict:
+    """What produces an evaluation's records: the settings its run directory is claimed with.
+
+    Left out, as they may change when a run resumes: the wall-clock limits of a call
+    (`call_timeout_s`, `score_timeout_s`: they depend on the machine), the batching and
+    parallelism (`max_parallel_calls`, `in_context_batch_size`, `score_batch_size`,
+    `sandbox_workers`) and what every run computes afresh from the records
+    (`bootstrap_seed`, `bootstrap_resamples`, `title`); and the fields of
+    `run_claim.RESUMABLE_FIELDS`. The agent counts only when a mode runs it or it is the
+    coder, the judge only when a mode runs the agent, the train split only when a mode
+    learns from it. Modes and coder variants are sets: their order changes no record.
+    """
+    uses_agent = any(REGISTRY[m].needs_agent for m in modes)
+    return {
+        "agent": options.policy if uses_agent or coder == SELF else None,
+        "judge": judge if uses_agent else None,
+        "coder": coder,
+        "dataset": options.dataset,
+        "train_dataset": (
+            _train_dataset(options) if any(REGISTRY[m].needs_train for m in modes) else None
+        ),
+        "modes": sorted(modes),
+        "episode_config": options.episode_config,
+        "coder_observations": sorted(options.coder_observations),
+        "attribute_failures": options.attribute_failures,
+        "low_code_match": options.low_code_match,
+        "low_judge_score": options.low_judge_score,
+        "memory": options.memory,
+        "fine_tune_fn": options.fine_tune_fn,
+        "prompt_versions": {
+            "episode": prompts.PROMPT_VERSION,
+            "multi_turn": prompts.MULTI_TURN_PROMPT_VERSION,
+            "judge": JUDGE_PROMPT_VERSION,
+            "coder": code_match.CODER_PROMPT_VERSION,
+            "failure_modes": failure_modes.FAILURE_PROMPT_VERSION,
+        },
+    }
 
 
 def _run_modes(
@@ -253,7 +303,8 @@ def evaluate(
     """Runs the PAU protocol and writes episodes, scores, metrics and a report into `run_dir`.
 
     Args:
-      run_dir: output folder (a rerun with the same folder resumes).
+      run_dir: output folder (a rerun with the same folder and settings resumes; see
+        `run_claim`).
       policy: the agent's backend (a `pau_jax.policy.backends` `*BackendConfig`).
       dataset: `DatasetConfig` (a built TFDS split) or `DemoTasksConfig`.
       modes: names in `modes.REGISTRY`: any of 'interactive', 'in_context', 'memory'
@@ -287,6 +338,8 @@ def evaluate(
     Raises:
       http.EndpointError: a seat's endpoint still failed after its retries (finished
         episodes and scores stay in their files; rerun with the same `run_dir`).
+      run_claim.RunDirError: another process is writing `run_dir`, or it holds the
+        results of other settings.
     """
     modes = tuple(modes)
     options = Options(
@@ -309,43 +362,44 @@ def evaluate(
     )
     _check_arguments(modes, options)
     judge_backend, coder_backend, grading = _grading(modes, policy, judge, coder)
-    out = options.out
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    n_tasks, runs, baselines, failures = _run_modes(
-        options,
-        modes,
-        judge=judge,
-        coder=coder,
-        judge_backend=judge_backend,
-        coder_backend=coder_backend,
-        self_graded=grading["self_graded"],
-        sandbox_workers=sandbox_workers,
-    )
-    corrupt = jsonl.corrupt_counts(out)
-    summaries = {name: metrics.summarize(records) for name, records in runs.items()}
-    statistics = stats.summarize_runs(
-        runs,
-        paired=PAIRED,
-        ensembled=ENSEMBLED,
-        seed=bootstrap_seed,
-        resamples=bootstrap_resamples,
-    )
-    result = {
-        "grading": grading,
-        "agent": backends.describe(policy),
-        "structured_decoding": backends.structured_decoding(policy),
-        "modes": list(modes),
-        "tasks": n_tasks,
-        "runs": summaries,
-        **statistics,
-        "gold": metrics.gold_shares(summaries),
-        "baselines": baselines,
-        "backend_failures": failures,
-        "corrupt_records": corrupt,
-        "bootstrap": {"seed": bootstrap_seed, "resamples": bootstrap_resamples},
-        "episode_config": dataclasses.asdict(episode_config),
-        "seconds": round(time.perf_counter() - t0, 2),
-    }
-    _write_outputs(out, runs, result, title=title, episode_config=episode_config)
+    settings = _fingerprint(modes, options, judge, coder)
+    # The folder is held until the report is written; a refusal leaves it as it was.
+    with run_claim.claim(options.out, kind="eval", settings=settings) as out:
+        t0 = time.perf_counter()
+        n_tasks, runs, baselines, failures = _run_modes(
+            options,
+            modes,
+            judge=judge,
+            coder=coder,
+            judge_backend=judge_backend,
+            coder_backend=coder_backend,
+            self_graded=grading["self_graded"],
+            sandbox_workers=sandbox_workers,
+        )
+        corrupt = jsonl.corrupt_counts(out)
+        summaries = {name: metrics.summarize(records) for name, records in runs.items()}
+        statistics = stats.summarize_runs(
+            runs,
+            paired=PAIRED,
+            ensembled=ENSEMBLED,
+            seed=bootstrap_seed,
+            resamples=bootstrap_resamples,
+        )
+        result = {
+            "grading": grading,
+            "agent": backends.describe(policy),
+            "structured_decoding": backends.structured_decoding(policy),
+            "modes": list(modes),
+            "tasks": n_tasks,
+            "runs": summaries,
+            **statistics,
+            "gold": metrics.gold_shares(summaries),
+            "baselines": baselines,
+            "backend_failures": failures,
+            "corrupt_records": corrupt,
+            "bootstrap": {"seed": bootstrap_seed, "resamples": bootstrap_resamples},
+            "episode_config": dataclasses.asdict(episode_config),
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
+        _write_outputs(out, runs, result, title=title, episode_config=episode_config)
     return result

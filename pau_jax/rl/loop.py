@@ -16,7 +16,10 @@ had, so an interrupted run and an uninterrupted one take the same steps. Each
 step writes one metrics row (training and, when due, evaluation metrics) before
 its checkpoint is started; a resumed run drops the rows of the steps after its
 checkpoint and takes them again, so every step is logged once. The checkpoint
-also keeps the step's metrics, so a rerun of a finished run reports them.
+also keeps the step's metrics, so a rerun of a finished run reports them. The
+run holds its directory while it runs (``run_claim``): a second process writing
+into it stops with one line, and so does a rerun whose settings differ from those
+of the run's first start (``fingerprint.json``; ``_fingerprint`` says what may change).
 """
 
 import dataclasses
@@ -27,7 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from pau_jax import metrics_writer, parallel
+from pau_jax import metrics_writer, parallel, run_claim
+from pau_jax.env import prompts
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.env.runner import EpisodeSpec
 from pau_jax.policy import backends
@@ -35,7 +39,7 @@ from pau_jax.policy.backends import SELF
 from pau_jax.policy.local import LocalPolicy
 from pau_jax.rl import credit, learner, samples
 from pau_jax.rl import rollout as rollout_lib
-from pau_jax.rl.critic import CriticConfig
+from pau_jax.rl.critic import CRITIC_PROMPT_VERSION, CriticConfig
 from pau_jax.rl.learner import LearnerConfig
 from pau_jax.rl.rewards import RewardConfig
 from pau_jax.rl.rollout import RolloutConfig
@@ -201,7 +205,8 @@ def train(
     """Trains the actor's LoRA adapters with AAC; returns a summary.
 
     Args:
-      run_dir: where checkpoints/, metrics, adapter/ and summary.json go.
+      run_dir: where checkpoints/, metrics, adapter/ and summary.json go (with
+        ``fingerprint.json`` and ``run.lock``, ``run_claim``).
       actor: the model and its adapters (``training.run.ActorConfig``).
       seed: seeds the random model, the LoRA init, the task order and the sampling.
       dataset: the training tasks (``tasks.DatasetConfig`` / ``DemoTasksConfig``;
@@ -238,7 +243,23 @@ def train(
     learner_config, reward_config, critic = _run_settings(
         critic, critic_config, episode_config, rollout_config, learner_config, reward_config
     )
+    source = dataset or DemoTasksConfig()
+    if tasks is not None:  # Explicit tasks: a digest of them and of their references.
+        source = run_claim.digest((tasks, references))
+    settings = _fingerprint(
+        actor=actor,
+        seed=seed,
+        tasks=source,
+        episode_config=episode_config,
+        rollout_config=rollout_config,
+        critic=critic,
+        critic_config=critic_config,
+        reward_config=reward_config,
+        advantage_fn=advantage_fn,
+        learner_config=learner_config,
+    )
     with (
+        run_claim.claim(run_dir, kind="train", settings=settings, primary=parallel.is_primary()),
         run_lib.open_run(
             run_dir, actor, seed=seed, mesh_config=mesh_config, max_checkpoints=max_checkpoints
         ) as r,
@@ -318,6 +339,24 @@ def _run_settings(
     )
     reward_config = dataclasses.replace(reward_config, max_steps=t_max)
     return learner_config, reward_config, _served_critic(critic, critic_config)
+
+
+def _fingerprint(**settings) -> dict:
+    """What produces a training run's steps: the settings its run directory is claimed with.
+
+    Left out, as they may change when a run resumes: how many steps to run (``epochs``,
+    ``steps``), the batch shapes (``pad_to_multiple``, ``rows_multiple``: padding changes
+    no loss), checkpointing (``checkpoint_every``, ``max_checkpoints``), the evaluation
+    during training (``eval_every``, ``eval_fn``: logged, not trained on), the device
+    mesh (``mesh_config``) and ``sandbox_workers``; and the fields of
+    ``run_claim.RESUMABLE_FIELDS``.
+    """
+    prompt_versions = {
+        "episode": prompts.PROMPT_VERSION,
+        "multi_turn": prompts.MULTI_TURN_PROMPT_VERSION,
+        "critic": CRITIC_PROMPT_VERSION,
+    }
+    return {**settings, "prompt_versions": prompt_versions}
 
 
 def _tasks(dataset, tasks, references, executor, episode_config):

@@ -10,15 +10,17 @@ with ``trainer.train_sft``. For CodeARC-SFT the teacher is wrapped in
 source) while the recorded prompts stay the agent's own.
 
 A run directory that already holds the SFT checkpoint is not trained again:
-the adapters are restored from it.
+the adapters are restored from it. The run holds its directory while it runs
+(``run_claim``, as AAC training does): a second process writing into it stops with
+one line, and so does a rerun with other settings than its first start's.
 """
 
 import dataclasses
 import pathlib
 from collections.abc import Mapping, Sequence
 
-from pau_jax import parallel
-from pau_jax.env import runner
+from pau_jax import parallel, run_claim
+from pau_jax.env import prompts, runner
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy import backends
 from pau_jax.policy.backends import SELF
@@ -179,6 +181,20 @@ def imitate(
     return {"steps": steps, "episodes": len(records), "pairs": pairs, "last_metrics": last}
 
 
+def _fingerprint(**settings) -> dict:
+    """What produces a distillation run's episodes and adapters: the settings its run
+    directory is claimed with (``run_claim``).
+
+    Left out, as they may change when a run resumes: ``max_checkpoints``,
+    ``mesh_config``, ``sandbox_workers``, and the fields of ``run_claim.RESUMABLE_FIELDS``.
+    """
+    prompt_versions = {
+        "episode": prompts.PROMPT_VERSION,
+        "multi_turn": prompts.MULTI_TURN_PROMPT_VERSION,
+    }
+    return {**settings, "prompt_versions": prompt_versions}
+
+
 def _describe(policy) -> str:
     """A policy's class name, with the wrapped policy's (e.g. ``PrivilegedTeacher(LocalPolicy)``)."""
     inner = getattr(policy, "policy", None)
@@ -231,7 +247,24 @@ def distill(
         )
     if isinstance(teacher, str) and teacher != SELF:
         raise ValueError(f"teacher must be a *BackendConfig or '{SELF}', got {teacher!r}")
+    source = dataset or DemoTasksConfig()
+    if tasks is not None:  # Explicit tasks: a digest of them and of their references.
+        source = run_claim.digest((tasks, references))
+    settings = _fingerprint(
+        actor=actor,
+        seed=seed,
+        tasks=source,
+        episode_config=episode_config,
+        sft_config=sft_config,
+        teacher=teacher,
+        self_sampling=self_sampling if teacher == SELF else None,
+        privileged=privileged,
+        show_code=show_code,
+        episodes_per_task=episodes_per_task,
+        enable_thinking=enable_thinking,
+    )
     with (
+        run_claim.claim(run_dir, kind="distill", settings=settings, primary=parallel.is_primary()),
         run_lib.open_run(
             run_dir,
             actor,

@@ -196,6 +196,26 @@ def test_records_without_episode_ids_resume_by_task_id(specs, tmp_path):
     assert runner.finished_ids(out) == {"demo/affine"}
 
 
+def test_an_episode_recorded_twice_is_read_once(tmp_path, capsys):
+    # Two runs that appended to one file at once (before run directories were locked): the
+    # first complete record of each episode id is kept, one warning counts those dropped.
+    path = tmp_path / "episodes.jsonl"
+    rows = [
+        {"task_id": "demo/affine", "episode_id": "demo/affine", "prediction": "first"},
+        {"task_id": "demo/runs", "prediction": "no episode id"},
+        {"task_id": "demo/affine", "episode_id": "demo/affine", "prediction": "second"},
+        {"task_id": "demo/affine", "episode_id": "demo/affine#1", "prediction": "another id"},
+        {"task_id": "demo/runs", "prediction": "again"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"task_id": "demo/sor')
+    records = runner.load_records(path)
+    assert [r["prediction"] for r in records] == ["first", "no episode id", "another id"]
+    assert runner.finished_ids(path) == {"demo/affine", "demo/runs", "demo/affine#1"}
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and f"{path}: 2 records of episodes recorded earlier" in warnings[0]
+    assert path.read_text().count("\n") == len(rows)  # Reading changes nothing in the file.
+
+
 def test_duplicate_episode_ids_rejected(specs, executor):
     twins = [dataclasses.replace(specs[0], episode_id="x")] * 2
     with pytest.raises(ValueError, match="unique"):

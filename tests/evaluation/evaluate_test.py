@@ -1,14 +1,20 @@
 """The eval run mode: `evaluate` with every backend kind, resume, and the launcher end to end."""
 
+import fcntl
 import http.server
 import json
+import os
 import pathlib
+import signal
 import socket
+import subprocess
+import sys
 import threading
 
 import launching
 import pytest
 
+from pau_jax import run_claim
 from pau_jax.evaluation import pipeline
 from pau_jax.policy import backends, scripted
 from pau_jax.tasks import DatasetConfig, DemoTasksConfig
@@ -446,6 +452,12 @@ def _refused_seat(url: str, model: str) -> backends.HTTPBackendConfig:
     return backends.HTTPBackendConfig(http=http)
 
 
+class _JudgeHandler(_OracleHandler):
+    """A judge endpoint answering as the scripted overlap judge."""
+
+    policy = scripted.OverlapJudge()
+
+
 def test_a_refused_judge_stops_the_run_and_a_rerun_resumes(tmp_path):
     from pau_jax.policy.http import EndpointError
 
@@ -469,10 +481,15 @@ def test_a_refused_judge_stops_the_run_and_a_rerun_resumes(tmp_path):
     scored = tmp_path / "interactive_scored.jsonl"
     assert not scored.exists() or not scored.read_text()
     assert not (tmp_path / "metrics.json").exists()
-    # A rerun with a working judge scores the same episodes; none is run again.
-    result = pipeline.evaluate(
-        run_dir=str(tmp_path), judge=backends.ScriptedJudgeBackendConfig(), **kwargs
-    )
+    # A rerun once the judge's endpoint is up scores the same episodes; none is run again.
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), _JudgeHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        result = pipeline.evaluate(run_dir=str(tmp_path), judge=_refused_seat(url, "j"), **kwargs)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
     assert _lines(tmp_path / "interactive_episodes.jsonl") == episodes
     assert len(_lines(scored)) == 4
     run = result["runs"]["interactive"]
@@ -545,3 +562,156 @@ def test_launch_stops_with_one_line_naming_a_refused_judge(tmp_path):
     assert "URLError" in lines[0] and "rerun to resume" in lines[0]
     assert len(_lines(run_dir / "interactive_episodes.jsonl")) == 4
     assert not (run_dir / "metrics.json").exists()
+
+
+def _demo_run(run_dir, **changes):
+    """The oracle agent on the demo tasks with the scripted judge and coder."""
+    settings = dict(
+        policy=backends.OracleBackendConfig(n_probes=2),
+        episode_config=pipeline.EpisodeConfig(call_budget=3),
+        **SCRIPTED,
+    )
+    return pipeline.evaluate(run_dir=str(run_dir), **(settings | changes))
+
+
+def _contents(run_dir):
+    """File name -> bytes of every file but the lock (which names its latest holder)."""
+    return {
+        p.name: p.read_bytes()
+        for p in pathlib.Path(run_dir).iterdir()
+        if p.is_file() and p.name != run_claim.LOCK_FILE
+    }
+
+
+def test_a_rerun_with_another_agent_or_settings_is_refused_naming_the_fields(tmp_path):
+    _demo_run(tmp_path)
+    before = _contents(tmp_path)
+    with pytest.raises(run_claim.RunDirError) as raised:
+        _demo_run(tmp_path, policy=backends.RandomProberBackendConfig(seed=1))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"{tmp_path} holds results of other settings (agent: OracleBackendConfig(...) -> "
+        "RandomProberBackendConfig(...)); "
+    )
+    assert message.endswith(
+        f"another directory (--run_dir), or delete {tmp_path} to start it again"
+    )
+    changed = r"\(agent\.n_probes: 2 -> 3; episode_config\.call_budget: 3 -> 4\)"
+    with pytest.raises(run_claim.RunDirError, match=changed):
+        _demo_run(
+            tmp_path,
+            policy=backends.OracleBackendConfig(n_probes=3),
+            episode_config=pipeline.EpisodeConfig(call_budget=4),
+        )
+    with pytest.raises(
+        run_claim.RunDirError, match=r"coder: ScriptedCoderBackendConfig\(\.\.\.\) -> 'self'"
+    ):
+        _demo_run(tmp_path, coder="self")
+    with pytest.raises(run_claim.RunDirError, match=r"modes: \[\"interactive\"\] -> \["):
+        _demo_run(tmp_path, modes=("interactive", "in_context"))
+    assert _contents(tmp_path) == before  # Nothing was run, scored or reported again.
+
+
+def test_a_rerun_with_the_same_settings_resumes_what_is_left(tmp_path):
+    _demo_run(tmp_path)
+    fingerprint = (tmp_path / run_claim.FINGERPRINT_FILE).read_text()
+    episodes = tmp_path / "interactive_episodes.jsonl"
+    kept = _lines(episodes)[:3]
+    episodes.write_text("\n".join(kept) + "\n")
+    # Limits, batching, workers and what is computed afresh from the records may change.
+    result = _demo_run(
+        tmp_path,
+        sandbox_workers=1,
+        call_timeout_s=5.0,
+        score_timeout_s=5.0,
+        max_parallel_calls=2,
+        score_batch_size=2,
+        bootstrap_resamples=200,
+        title="resumed",
+    )
+    assert _lines(episodes)[:3] == kept and len(_lines(episodes)) == 4
+    assert result["runs"]["interactive"]["episodes"] == 4
+    assert (tmp_path / run_claim.FINGERPRINT_FILE).read_text() == fingerprint
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_run_directory(tmp_path):
+    holder = {"pid": 4242, "host": "elsewhere", "started": "2026-01-01T00:00:00+0000"}
+    with open(tmp_path / run_claim.LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write(json.dumps(holder))
+        lock.flush()
+        with pytest.raises(run_claim.RunDirError) as raised:
+            _demo_run(tmp_path)
+        assert str(raised.value) == (
+            f"{tmp_path} is in use by another run (pid 4242 on elsewhere, since "
+            "2026-01-01T00:00:00+0000); wait for it to end, or write this run to another "
+            "directory (--run_dir)"
+        )
+        assert [p.name for p in tmp_path.iterdir()] == [run_claim.LOCK_FILE]  # Nothing written.
+    # Once the first writer is done, the run goes ahead.
+    assert _demo_run(tmp_path)["runs"]["interactive"]["episodes"] == 4
+
+
+# Takes the lock of the run directory argv[1], says so, and waits to be killed.
+_HOLD_THE_LOCK = (
+    "import sys, time\n"
+    "from pau_jax import run_claim\n"
+    "held = run_claim.lock(sys.argv[1])\n"
+    "held.__enter__()\n"
+    "print('held', flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_the_lock_of_a_run_killed_with_sigkill_is_taken_over(tmp_path):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_THE_LOCK, str(run_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(
+            run_claim.RunDirError, match=rf"in use by another run \(pid {holder.pid} on "
+        ):
+            _demo_run(run_dir)
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+    # The lock ended with its process: no stale lock to clear by hand.
+    assert _demo_run(run_dir)["runs"]["interactive"]["episodes"] == 4
+    assert json.loads((run_dir / run_claim.LOCK_FILE).read_text())["pid"] == os.getpid()
+
+
+def test_launch_refuses_a_run_directory_in_use_or_of_other_settings_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    args = (
+        "--gin_file=eval/interactive.gin",
+        "--gin_file=debug/eval_tiny.gin",
+        f"--run_dir={run_dir}",
+    )
+    run_dir.mkdir()
+    (run_dir / "config.gin").write_text("# the config of the run that holds the folder\n")
+
+    def refused(proc, message):
+        assert proc.returncode == 1, proc.stderr[-4000:]
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and message in errors[0], proc.stderr[-4000:]
+        # The records of the run whose results the folder holds are left as they were.
+        assert (run_dir / "config.gin").read_text().startswith("# the config of the run")
+        assert not (run_dir / "run_info.json").exists()
+
+    with run_claim.lock(run_dir):  # This process holds it; the launcher is another one.
+        proc = launching.launch(*args, cwd=tmp_path)
+    refused(proc, f"error: {run_dir} is in use by another run (pid {os.getpid()} on ")
+    # The folder holds the results of another agent.
+    settings = {"agent": backends.RandomProberBackendConfig()}
+    with run_claim.claim(run_dir, kind="eval", settings=settings):
+        (run_dir / "interactive_episodes.jsonl").write_text('{"task_id": "demo/affine"}\n')
+    proc = launching.launch(*args, cwd=tmp_path)
+    refused(proc, "(agent: RandomProberBackendConfig(...) -> OracleBackendConfig(...))")

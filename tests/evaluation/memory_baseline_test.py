@@ -7,6 +7,7 @@ import checkpoints
 import numpy as np
 import pytest
 
+from pau_jax import run_claim
 from pau_jax.env import runner
 from pau_jax.evaluation import memory, pipeline
 from pau_jax.policy import backends, embeddings, scripted
@@ -159,7 +160,7 @@ def test_memory_mode_end_to_end_and_resume(setup, tmp_path, monkeypatch):
     assert not any("Held-out calls showing" in p for p in redone)  # critiques were kept
     assert len(_jsonl(tmp_path / "memory_episodes.jsonl")) == LIMIT
     # Other settings in the same run directory are refused, not mixed in.
-    with pytest.raises(ValueError, match=r"other memory settings \(top_k\)"):
+    with pytest.raises(run_claim.RunDirError, match=r"other settings \(memory\.top_k: 2 -> 1\)"):
         _evaluate(tmp_path, data_dir, embedder_config, agent, monkeypatch, top_k=1)
 
 

@@ -1,6 +1,7 @@
 """The AAC training loop: seeded task order, resume equal to an uninterrupted run, the gin runs."""
 
 import dataclasses
+import fcntl
 import http.server
 import json
 import pathlib
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from pau_jax import run_claim
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy import backends
 from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig
@@ -167,6 +169,39 @@ def test_the_prefix_cache_settings_reach_the_actor_and_the_critic(
             assert seen[role].max_bytes == int(gib * 2**30), role
 
 
+def test_a_rerun_with_other_settings_or_beside_another_writer_is_refused(tmp_path, monkeypatch):
+    def stop(*args, **kwargs):  # Where the run would load its model: the claim comes first.
+        raise _Stop
+
+    monkeypatch.setattr(loop.run_lib, "open_run", stop)
+    run_dir = tmp_path / "run"
+    with pytest.raises(_Stop):
+        loop.train(run_dir=str(run_dir), steps=1, **TINY)
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')  # What that run wrote.
+    learner_config = TINY["learner_config"]
+    other = dict(TINY, learner_config=dataclasses.replace(learner_config, learning_rate=2e-2))
+    with pytest.raises(run_claim.RunDirError) as raised:
+        loop.train(run_dir=str(run_dir), steps=1, **other)
+    assert "(learner_config.learning_rate: 0.01 -> 0.02)" in str(raised.value)
+    assert "\n" not in str(raised.value)
+    # Steps to run, micro-batches, cache memory, checkpoints and workers may change: it resumes.
+    resumed = dict(
+        TINY,
+        learner_config=dataclasses.replace(learner_config, micro_batch_size=1),
+        rollout_config=dataclasses.replace(TINY["rollout_config"], prefix_cache_gib=0.0),
+        checkpoint_every=5,
+        sandbox_workers=2,
+    )
+    with pytest.raises(_Stop):
+        loop.train(run_dir=str(run_dir), steps=4, **resumed)
+    # A second writer while another process holds the folder.
+    with open(run_dir / run_claim.LOCK_FILE) as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(run_claim.RunDirError, match=f"^{run_dir} is in use by another run"):
+            loop.train(run_dir=str(run_dir), steps=1, **TINY)
+
+
 def test_one_default_prefix_cache_budget_for_every_local_sampler():
     local = backends.LocalBackendConfig(checkpoint_dir="unused")
     assert (
@@ -219,7 +254,7 @@ def test_a_resumed_run_takes_the_same_steps_as_an_uninterrupted_one(tmp_path, ca
     # A finished run resumed again has nothing left to do.
     assert loop.train(run_dir=str(split), steps=2, **TINY)["steps"] == 2
     assert len(_metrics(split)) == 2
-    with pytest.raises(ValueError, match="seed"):
+    with pytest.raises(run_claim.RunDirError, match="seed: 3 -> 4"):
         loop.train(run_dir=str(split), steps=3, **dict(TINY, seed=4))
 
 
