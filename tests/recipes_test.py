@@ -225,10 +225,11 @@ def test_evaluate_a_served_model(tmp_path, data_dir, checkpoint):
     assert serve.startswith("vllm serve ")
     args = _argv(command)
     url = next(a.split("=", 1)[1] for a in args if ".base_url=" in a).strip("'")
-    name = next(a.split("=", 1)[1] for a in args if ".model=" in a).strip("'")
+    # One server behind every seat: it serves each model name the command sends.
+    names = [a.split("=", 1)[1].strip("'") for a in args if ".model=" in a]
     model, _ = qwen3.load_hf(checkpoint)
     policy = LocalPolicy(model, load_tokenizer(checkpoint), SamplingConfig(max_new_tokens=8))
-    with PolicyServer(policy, model_name=name) as server:
+    with PolicyServer(policy, model_name=names) as server:
         tiny = [
             *(f"--gin.{seat}/pau_jax.policy.http.HTTPConfig.base_url='{server.base_url}'"
               for seat in ("policy", "judge", "coder")),

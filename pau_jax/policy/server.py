@@ -14,6 +14,18 @@ Any client of the OpenAI chat API can then use a local model as judge, coder, te
 or policy, and any client of the embeddings API (e.g. `policy.embeddings.HTTPEmbedder`)
 a local embedding model.
 
+Bad clients are refused one by one, each with a 4xx and a one-line error of the OpenAI
+API's shape: every chat request is checked and its prompt tokenized in its own handler
+thread before it may join a batch (`server_requests`), so a malformed request never fails
+the good ones beside it (and should a batch still fail in the sampler, its requests are
+retried one by one). Bodies need a `Content-Length` (411) of at most `max_body_bytes`
+(413) and must be UTF-8 JSON (400); a client that stops sending for `read_timeout_s` is
+answered 408 (mid-body) or disconnected; a `model` the server does not serve gets 404
+(`model_not_found`), an absent one is the first served name. With an API key
+(`api_key`, or the environment variable `PAU_SERVER_API_KEY`), every request without
+`Authorization: Bearer <key>` gets 401. The server binds 127.0.0.1 by default; another
+address without a key is logged as a warning.
+
     server = PolicyServer(local_policy, model_name="qwen3-local",
                           embedder=local_embedder, embedding_model_name="qwen3-embedding")
     server.start()            # binds 127.0.0.1 on a free port unless `port` is given
@@ -23,49 +35,86 @@ a local embedding model.
 """
 
 import dataclasses
+import hmac
+import http
 import http.server
+import ipaddress
 import json
-import math
+import logging
+import os
 import queue
+import re
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 
 from pau_jax.policy.local import LocalPolicy
+from pau_jax.policy.server_requests import (
+    ChatRequest,
+    RequestError,
+    chat_request,
+    error,
+    parse_body,
+)
 
+_log = logging.getLogger(__name__)
+
+API_KEY_ENV = "PAU_SERVER_API_KEY"
 MAX_EMBEDDING_INPUTS = 2048
-MAX_STOP_STRINGS = 16
+MAX_BODY_BYTES = 8 * 2**20
+LISTEN_BACKLOG = 128
 
 
 @dataclasses.dataclass
 class _Pending:
-    messages: list
-    sampling: object
-    stop: tuple[str, ...] = ()
+    request: ChatRequest
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     result: object = None
     error: str | None = None
 
 
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG  # connections waiting to be accepted (listen backlog)
+
+    def handle_error(self, request, client_address):
+        del request
+        if isinstance(sys.exc_info()[1], OSError):  # the client hung up or stalled mid-reply
+            _log.debug("connection from %s ended: %s", client_address, sys.exc_info()[1])
+        else:
+            _log.exception("request from %s failed", client_address)
+
+
 class PolicyServer:
-    """Serves a `LocalPolicy` and/or a `LocalEmbedder` over HTTP on a loopback address.
+    """Serves a `LocalPolicy` and/or a `LocalEmbedder` over HTTP (see module docstring).
 
     Args:
       policy: the chat model; None serves embeddings only (chat requests get a 404).
-      model_name: the chat model's name in `/v1/models` and responses.
+      model_name: the chat model's served name, or several (aliases, as vLLM's
+        `--served-model-name`): listed in `/v1/models`; a chat request naming another
+        model gets a 404; one naming none is answered as the first.
       embedder: a `policy.embeddings.LocalEmbedder` (`encode`, `embed_ids`); None
         answers `/v1/embeddings` with a 404.
-      embedding_model_name: the embedder's name (default: `model_name`).
-      host, port: where to listen (port 0: a free one).
+      embedding_model_name: the embedder's name (default: the first `model_name`).
+      host, port: where to listen (port 0: a free one); loopback by default.
       max_batch, batch_wait_s: chat batching (see module docstring).
       max_tokens_limit: the largest `max_tokens` a chat request may ask for.
+      max_context_tokens: a chat request's prompt plus `max_tokens` may not exceed it
+        (default: the model's `max_position_embeddings`).
+      api_key: the bearer token every request must carry; None reads `PAU_SERVER_API_KEY`;
+        '' (or neither set) serves without one.
+      max_body_bytes: the largest request body (a larger one gets a 413).
+      read_timeout_s: how long a connection may stay silent while the server reads it (and
+        an idle kept-alive connection stays open).
     """
 
     def __init__(
         self,
         policy: LocalPolicy | None,
         *,
-        model_name: str,
+        model_name: str | Sequence[str],
         embedder=None,
         embedding_model_name: str | None = None,
         host: str = "127.0.0.1",
@@ -73,23 +122,44 @@ class PolicyServer:
         max_batch: int = 16,
         batch_wait_s: float = 0.02,
         max_tokens_limit: int = 4096,
+        max_context_tokens: int | None = None,
+        api_key: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        read_timeout_s: float = 30.0,
     ):
         if policy is None and embedder is None:
             raise ValueError("PolicyServer needs a policy, an embedder, or both")
+        names = (model_name,) if isinstance(model_name, str) else tuple(model_name)
+        if not names or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"model_name must be a name or a list of names, got {model_name!r}")
         self.policy = policy
-        self.model_name = model_name
+        self.model_names = names
+        self.model_name = names[0]
         self.embedder = embedder
-        self.embedding_model_name = embedding_model_name or model_name
+        self.embedding_model_name = embedding_model_name or self.model_name
         self._embed_lock = threading.Lock()
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
         self.max_tokens_limit = max_tokens_limit
+        if max_context_tokens is None and policy is not None:
+            max_context_tokens = getattr(policy.model.config, "max_position_embeddings", None)
+        self.max_context_tokens = max_context_tokens
+        self.api_key = os.environ.get(API_KEY_ENV, "") if api_key is None else api_key
+        self.max_body_bytes = max_body_bytes
+        self.read_timeout_s = read_timeout_s
         self.batch_sizes: list[int] = []
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._httpd = http.server.ThreadingHTTPServer((host, port), self._handler_class())
-        self._httpd.daemon_threads = True
+        self._httpd = _HTTPServer((host, port), self._handler_class())
         self._threads: list[threading.Thread] = []
+        address = self._httpd.server_address[0]
+        if not self.api_key and not ipaddress.ip_address(address).is_loopback:
+            _log.warning(
+                "PolicyServer listens on %s, beyond this machine, WITHOUT an API key: anyone who "
+                "can reach it can use the model; set api_key (or %s) or bind 127.0.0.1",
+                address,
+                API_KEY_ENV,
+            )
 
     @property
     def base_url(self) -> str:
@@ -105,7 +175,8 @@ class PolicyServer:
 
     def stop(self) -> None:
         self._stop.set()
-        self._httpd.shutdown()
+        if self._threads:  # shutdown() waits for serve_forever, which never ran otherwise
+            self._httpd.shutdown()
         self._httpd.server_close()
         for thread in self._threads:
             thread.join(timeout=10)
@@ -137,64 +208,39 @@ class PolicyServer:
             # The sampler takes one repetition penalty per row, so it does not split batches.
             groups: dict = {}
             for item in batch:
-                key = dataclasses.replace(item.sampling, repetition_penalty=1.0)
+                key = dataclasses.replace(item.request.sampling, repetition_penalty=1.0)
                 groups.setdefault(key, []).append(item)
             for sampling, items in groups.items():
-                self.batch_sizes.append(len(items))
-                try:
-                    results = self.policy.complete(
-                        [i.messages for i in items],
-                        sampling,
-                        repetition_penalties=[i.sampling.repetition_penalty for i in items],
-                        stop=[i.stop for i in items],
-                    )
-                except Exception as e:  # noqa: BLE001 - reported to each waiting client as a 500.
-                    for item in items:
-                        item.error = f"{type(e).__name__}: {e}"
-                        item.done.set()
-                    continue
-                for item, result in zip(items, results, strict=True):
-                    item.result = result
-                    item.done.set()
+                self._run(sampling, items)
 
-    # HTTP -----------------------------------------------------------------------------
+    def _run(self, sampling, items: list[_Pending]) -> None:
+        """One sampler call for `items`; if it fails, each is run alone (only failing ones get 500)."""
+        self.batch_sizes.append(len(items))
+        try:
+            results = self.policy.complete(
+                [i.request.messages for i in items],
+                sampling,
+                repetition_penalties=[i.request.sampling.repetition_penalty for i in items],
+                stop=[i.request.stop for i in items],
+            )
+            answered = list(zip(items, results, strict=True))
+        except Exception as e:  # noqa: BLE001 - reported to the waiting client as a 500.
+            if len(items) > 1:
+                for item in items:
+                    self._run(sampling, [item])
+                return
+            items[0].error = f"{type(e).__name__}: {e}"
+            items[0].done.set()
+            return
+        for item, result in answered:
+            item.result = result
+            item.done.set()
 
-    def _sampling_for(self, body: dict):
-        base = self.policy.sampling
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", base.max_new_tokens))
-        if not isinstance(max_tokens, int) or not 1 <= max_tokens <= self.max_tokens_limit:
-            raise ValueError(f"max_tokens must be an integer in [1, {self.max_tokens_limit}]")
-        temperature = body.get("temperature", base.temperature)
-        top_p = body.get("top_p", base.top_p)
-        if not isinstance(temperature, (int, float)) or temperature < 0:
-            raise ValueError("temperature must be a number >= 0")
-        if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-            raise ValueError("top_p must be a number in (0, 1]")
-        penalty = body.get("repetition_penalty")
-        if penalty is None:  # absent or null (as vLLM): the policy's own
-            penalty = base.repetition_penalty
-        if (
-            isinstance(penalty, bool)
-            or not isinstance(penalty, (int, float))
-            or not (math.isfinite(penalty) and penalty > 0)
-        ):
-            raise ValueError("repetition_penalty must be a finite number > 0 (1 for none)")
-        if body.get("n", 1) != 1:
-            raise ValueError("only n = 1 is supported")
-        if body.get("stream"):
-            raise ValueError("streaming is not supported")
-        return dataclasses.replace(
-            base,
-            max_new_tokens=max_tokens,
-            temperature=float(temperature),
-            top_p=float(top_p),
-            repetition_penalty=float(penalty),
-            seed=int(body.get("seed", base.seed)),
-        )
+    # Routes ---------------------------------------------------------------------------
 
     def _embeddings(self, body: dict) -> tuple[int, dict]:
         if self.embedder is None:
-            return 404, _error("this server has no embedding model")
+            return 404, error("this server has no embedding model")
         texts = body.get("input")
         if isinstance(texts, str):
             texts = [texts]
@@ -203,21 +249,21 @@ class PolicyServer:
             or not texts
             or not all(isinstance(t, str) and t for t in texts)
         ):
-            return 400, _error("input must be a non-empty string or a list of non-empty strings")
+            return 400, error("input must be a non-empty string or a list of non-empty strings")
         if len(texts) > MAX_EMBEDDING_INPUTS:
-            return 400, _error(f"at most {MAX_EMBEDDING_INPUTS} inputs per request")
+            return 400, error(f"at most {MAX_EMBEDDING_INPUTS} inputs per request")
         if body.get("encoding_format", "float") != "float":
-            return 400, _error("only encoding_format 'float' is supported")
+            return 400, error("only encoding_format 'float' is supported")
         if body.get("dimensions") is not None:
-            return 400, _error("dimensions is not supported; the model's full vectors are returned")
+            return 400, error("dimensions is not supported; the model's full vectors are returned")
         try:
             with self._embed_lock:
                 ids = self.embedder.encode(texts)
                 vectors = self.embedder.embed_ids(ids)
         except ValueError as e:
-            return 400, _error(str(e))
+            return 400, error(str(e))
         except Exception as e:  # noqa: BLE001 - reported to the client as a 500.
-            return 500, _error(f"{type(e).__name__}: {e}", kind="server_error")
+            return 500, error(f"{type(e).__name__}: {e}", kind="server_error")
         tokens = sum(len(row) for row in ids)
         return 200, {
             "object": "list",
@@ -231,29 +277,29 @@ class PolicyServer:
 
     def _complete(self, body: dict) -> tuple[int, dict]:
         if self.policy is None:
-            return 404, _error("this server has no chat model; it serves /v1/embeddings only")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("content"), str) and "role" in m
-            for m in messages
-        ):
-            return 400, _error("messages must be a list of {role, content} objects")
-        try:
-            sampling = self._sampling_for(body)
-            stop = _stop_strings(body.get("stop"))
-        except ValueError as e:
-            return 400, _error(str(e))
-        pending = _Pending(messages=messages, sampling=sampling, stop=stop)
+            return 404, error("this server has no chat model; it serves /v1/embeddings only")
+        try:  # In this client's thread: a bad request never reaches a batch.
+            request = chat_request(
+                body,
+                base=self.policy.sampling,
+                served=self.model_names,
+                encode=self.policy.encode,
+                max_tokens_limit=self.max_tokens_limit,
+                context=self.max_context_tokens,
+            )
+        except RequestError as e:
+            return e.status, e.payload
+        pending = _Pending(request)
         self._queue.put(pending)
         pending.done.wait()
         if pending.error is not None:
-            return 500, _error(pending.error, kind="server_error")
+            return 500, error(pending.error, kind="server_error")
         r = pending.result
         return 200, {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": self.model_name,
+            "model": request.model,
             "choices": [
                 {
                     "index": 0,
@@ -268,73 +314,113 @@ class PolicyServer:
             },
         }
 
+    def _models(self) -> dict:
+        names = list(self.model_names) if self.policy is not None else []
+        if self.embedder is not None:
+            names.append(self.embedding_model_name)
+        models = [{"id": n, "object": "model", "owned_by": "pau_jax"} for n in dict.fromkeys(names)]
+        return {"object": "list", "data": models}
+
+    # HTTP -----------------------------------------------------------------------------
+
     def _handler_class(self):
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = server.read_timeout_s  # of each read and write on the connection
 
             def log_message(self, *args):  # Keep the terminal quiet.
                 del args
 
-            def _send(self, status: int, payload: dict) -> None:
+            def _send(self, status: int, payload: dict, *, close: bool = False) -> None:
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                if status == 401:
+                    self.send_header("WWW-Authenticate", "Bearer")
+                if close:  # the request's body, if any, was not read
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
                 self.end_headers()
                 self.wfile.write(data)
 
+            def send_error(self, code, message=None, explain=None):
+                # http.server's own refusals (a malformed request line, headers too long).
+                del explain
+                kind = "server_error" if code >= 500 else "invalid_request_error"
+                self._send(code, error(message or http.HTTPStatus(code).phrase, kind), close=True)
+
+            def _authorized(self) -> bool:
+                if not server.api_key:
+                    return True
+                given = self.headers.get("Authorization", "").encode()
+                if hmac.compare_digest(given, f"Bearer {server.api_key}".encode()):
+                    return True
+                message = "missing or wrong API key: send the header Authorization: Bearer <key>"
+                self._send(401, error(message, code="invalid_api_key"), close=True)
+                return False
+
+            def _read_body(self) -> bytes | None:
+                """The request body; None once a refusal was sent (the connection then closes)."""
+                lengths = self.headers.get_all("Content-Length") or []
+                if not lengths or "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    message = "a request needs a Content-Length header (no chunked bodies)"
+                    self._send(411, error(message), close=True)
+                    return None
+                declared = lengths[0].strip()
+                if len(lengths) > 1 or not re.fullmatch(r"[0-9]+", declared):
+                    message = "Content-Length must be one non-negative integer"
+                    self._send(400, error(message), close=True)
+                    return None
+                if len(declared) > 18 or int(declared) > server.max_body_bytes:
+                    message = f"request body over the limit of {server.max_body_bytes} bytes"
+                    self._send(413, error(message), close=True)
+                    return None
+                length = int(declared)
+                try:
+                    raw = self.rfile.read(length)
+                except TimeoutError:
+                    message = f"the body did not arrive within {server.read_timeout_s} s"
+                    self._send(408, error(message), close=True)
+                    return None
+                if len(raw) < length:
+                    self._send(
+                        400, error("request body shorter than its Content-Length"), close=True
+                    )
+                    return None
+                return raw
+
             def do_GET(self):  # noqa: N802 - name fixed by http.server.
+                if not self._authorized():
+                    return
                 if self.path.rstrip("/") == "/v1/models":
-                    names = [server.model_name] if server.policy is not None else []
-                    if server.embedder is not None:
-                        names.append(server.embedding_model_name)
-                    models = [
-                        {"id": n, "object": "model", "owned_by": "pau_jax"}
-                        for n in dict.fromkeys(names)
-                    ]
-                    self._send(200, {"object": "list", "data": models})
+                    self._send(200, server._models())
                 else:
-                    self._send(404, _error(f"no route {self.path}"))
+                    self._send(404, error(f"no route {self.path}"))
 
             def do_POST(self):  # noqa: N802 - name fixed by http.server.
+                if not self._authorized():
+                    return
                 routes = {
                     "/v1/chat/completions": server._complete,
                     "/v1/embeddings": server._embeddings,
                 }
                 route = routes.get(self.path.rstrip("/"))
                 if route is None:
-                    self._send(404, _error(f"no route {self.path}"))
+                    self._send(404, error(f"no route {self.path}"), close=True)
                     return
-                length = int(self.headers.get("Content-Length") or 0)
+                raw = self._read_body()
+                if raw is None:
+                    return
                 try:
-                    body = json.loads(self.rfile.read(length) or b"{}")
-                except json.JSONDecodeError:
-                    self._send(400, _error("request body is not valid JSON"))
-                    return
-                if not isinstance(body, dict):
-                    self._send(400, _error("request body must be a JSON object"))
-                    return
-                self._send(*route(body))
+                    status, payload = route(parse_body(raw))
+                except RequestError as e:
+                    status, payload = e.status, e.payload
+                except Exception as e:  # noqa: BLE001 - every request gets an answer.
+                    _log.exception("%s failed", self.path)
+                    status, payload = 500, error(f"{type(e).__name__}: {e}", "server_error")
+                self._send(status, payload)
 
         return Handler
-
-
-def _stop_strings(value) -> tuple[str, ...]:
-    """A request's `stop` (absent, null, a string or a list of strings) as a tuple."""
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]
-    if (
-        not isinstance(value, list)
-        or len(value) > MAX_STOP_STRINGS
-        or not all(isinstance(x, str) and x for x in value)
-    ):
-        raise ValueError(f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS}")
-    return tuple(value)
-
-
-def _error(message: str, kind: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": kind}}
