@@ -7,8 +7,10 @@ Parameters, LoRA adapters and optimizer state are counted exactly from the
 model's abstract parameter tree and the learner layout's sharding rules; the
 KV cache is the sampler's ([B, S, K, H] per layer, rows over the batch axes,
 heads over tp where they divide); activations are an estimate of what the
-backward pass of one training micro-batch keeps (no rematerialisation), plus
-one chunk of logits.
+backward pass of one training micro-batch keeps, plus one chunk of logits:
+every layer's activations, or with ``--remat`` (``LearnerConfig.remat``: layers
+scanned, each recomputed in the backward pass) every layer's input plus one layer's
+activations.
 """
 
 import argparse
@@ -129,6 +131,7 @@ def estimate(
     dtype="bfloat16",
     kv_dtype=None,
     logits_chunk_tokens: int = 1024,
+    remat: bool = False,
     chip: str | None = None,
 ) -> MemoryEstimate:
     """Estimates per-device memory of training and rollouts.
@@ -145,6 +148,7 @@ def estimate(
       dtype: base weight dtype.
       kv_dtype: KV cache dtype; default ``dtype``.
       logits_chunk_tokens: positions whose [chunk, V] logits exist at once.
+      remat: the learner recomputes each layer's activations (``LearnerConfig.remat``).
       chip: a key of ``CHIPS`` or "cpu" to compare against, or None.
     """
     mesh = AbstractMesh(mesh_config.axis_sizes(num_devices), parallel.MESH_AXES)
@@ -185,13 +189,16 @@ def estimate(
             tp,
             size,
             logits_chunk_tokens,
+            remat,
         ),  # fmt: skip
         num_params=num_params,
         capacity=None if chip is None else chip_bytes(chip),
     )
 
 
-def _activations(c, rows: int, seq_len: int, tp: int, size: int, chunk: int) -> int:
+def _activations(
+    c, rows: int, seq_len: int, tp: int, size: int, chunk: int, remat: bool = False
+) -> int:
     """Bytes one micro-batch keeps for the backward pass (see the module docstring).
 
     Per token and layer: block input, two norm outputs and the residual (4 D),
@@ -199,7 +206,9 @@ def _activations(c, rows: int, seq_len: int, tp: int, size: int, chunk: int) -> 
     attention output (N H / tp), the MLP's gate, up, silu and product (4 F / tp)
     in the weight dtype, plus the float32 norm statistics (2 D); per layer the
     float32 attention scores and probabilities (2 N T^2 / tp per row). The head
-    adds one [chunk, V / tp] float32 block of logits, probabilities and gradient.
+    adds one [chunk, V / tp] float32 block of logits, probabilities and gradient. With
+    ``remat`` the layers keep only their inputs (D per token each) and one layer's
+    activations exist at a time, in its recomputation.
     """
     d, f, h = c.hidden_size, c.intermediate_size, c.head_dim
     n, k = c.num_attention_heads, c.num_key_value_heads
@@ -212,7 +221,28 @@ def _activations(c, rows: int, seq_len: int, tp: int, size: int, chunk: int) -> 
         * min(chunk, tokens)
         * (c.vocab_size // tp if c.vocab_size % tp == 0 else c.vocab_size)
     )
-    return c.num_hidden_layers * (tokens * per_token + rows * scores) + head
+    layer = tokens * per_token + rows * scores
+    if remat:
+        return c.num_hidden_layers * tokens * size * c.hidden_size + layer + head
+    return c.num_hidden_layers * layer + head
+
+
+def _register(gin) -> None:
+    """Makes the model configs and the mesh config known to gin, each once.
+
+    Only these: every other binding of a run's gin files is skipped (``skip_unknown``),
+    so the tool needs nothing of the run modes above it.
+    """
+    import importlib
+
+    for name in (*MODEL_CONFIGS, "pau_jax.parallel.MeshConfig"):
+        try:
+            gin.get_configurable(name)
+            continue
+        except ValueError:
+            pass
+        module, cls = name.rsplit(".", 1)
+        gin.external_configurable(getattr(importlib.import_module(module), cls), module=module)
 
 
 def load_gin(
@@ -223,9 +253,7 @@ def load_gin(
 
     import gin
 
-    from pau_jax import experiment
-
-    experiment.register_configurables()
+    _register(gin)
     gin.clear_config()
     gin.add_config_file_search_path(str(GIN_DIR))
     paths = []
@@ -305,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq_len", type=int, default=4096)
     parser.add_argument("--lora_rank", type=int, default=16)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument(
+        "--remat", action="store_true", help="the learner recomputes layer activations"
+    )
     args = parser.parse_args(argv)
     model_config, mesh_config = load_gin(args.gin_file, args.gin_bindings)
     sizes = dataclasses.astuple(mesh_config)
@@ -313,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         model_config, mesh_config, num_devices=num_devices, batch=args.batch,
         seq_len=args.seq_len, rollout_batch=args.rollout_batch,
         micro_batch_size=args.micro_batch, lora_rank=args.lora_rank, dtype=args.dtype,
-        chip=args.chip,
+        remat=args.remat, chip=args.chip,
     )  # fmt: skip
     data, fsdp, tp = mesh_config.axis_sizes(num_devices)
     print(

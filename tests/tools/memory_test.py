@@ -1,5 +1,6 @@
 """The memory estimate against the arrays JAX really allocates, and preset sizes against official totals."""
 
+import dataclasses
 import pathlib
 
 import jax
@@ -77,18 +78,21 @@ def _nbytes(tree) -> int:
     return sum(x.nbytes for x in jax.tree.leaves(tree))
 
 
-def test_estimate_matches_allocated_arrays_within_20_percent():
+@pytest.mark.parametrize("remat", [False, True])
+def test_estimate_matches_allocated_arrays_within_20_percent(remat):
     rows, seq_len, rank = 8, 256, 8
+    # Remat keeps one layer's activations: with 8 layers the two estimates differ ~3x.
+    config = dataclasses.replace(CONFIG, num_hidden_layers=8) if remat else CONFIG
     est = memory.estimate(
-        CONFIG, parallel.MeshConfig(data=1, fsdp=1, tp=1), num_devices=1, batch=rows,
-        seq_len=seq_len, lora_rank=rank, dtype="float32",
+        config, parallel.MeshConfig(data=1, fsdp=1, tp=1), num_devices=1, batch=rows,
+        seq_len=seq_len, lora_rank=rank, dtype="float32", remat=remat,
     )  # fmt: skip
-    model = qwen3.Qwen3ForCausalLM(CONFIG, rngs=nnx.Rngs(0))
+    model = qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(0))
     lora.apply_lora(model, rank=rank, alpha=rank)
-    config = learner.LearnerConfig()
-    state = learner.init_state(model, config)
+    learner_config = learner.LearnerConfig(remat=remat)
+    state = learner.init_state(model, learner_config)
     learner.sync_model(model, state)  # the model now shares the state's adapters
-    cache = kv_cache.init_cache(CONFIG, rows, seq_len, np.float32)
+    cache = kv_cache.init_cache(config, rows, seq_len, np.float32)
     base = nnx.state(model, nnx.Not(nnx.LoRAParam))
     assert est.params == _nbytes(base)
     assert est.lora == _nbytes(state.lora)
@@ -97,7 +101,7 @@ def test_estimate_matches_allocated_arrays_within_20_percent():
     estimated = est.params + est.lora + est.optimizer + est.kv_cache
     assert abs(estimated - allocated) <= 0.2 * allocated, (estimated, allocated)
     # Activations: compare with XLA's temporary buffers of the compiled train step.
-    step = learner.make_train_step(model, config)
+    step = learner.make_train_step(model, learner_config)
     batch = learner.Batch(
         input_ids=np.ones((rows, seq_len), np.int32),
         attention_mask=np.ones((rows, seq_len), np.int32),
