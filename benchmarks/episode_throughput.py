@@ -90,12 +90,8 @@ class _TimedPolicy:
         self.policy = policy
         self.totals = collections.Counter()
 
-    @property
-    def takes_answers(self) -> bool:
-        return self.policy.takes_answers
-
-    def __call__(self, conversations, answers=None):
-        out = self.policy.complete(conversations, answers=answers)
+    def complete(self, conversations, *, answers=None, stop=None):
+        out = self.policy.complete(conversations, answers=answers, stop=stop)
         stats = self.policy.last_stats
         for key in ("prefill_seconds", "decode_seconds", "prefill_tokens", "reused_tokens"):
             self.totals[key] += stats.get(key, 0.0)

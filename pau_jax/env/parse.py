@@ -3,15 +3,20 @@
 Every parser first strips `<think>…</think>` blocks (and an unterminated
 trailing `<think>` block), so reasoning models can be used as they are. Parsers
 never raise on model text: they return a result with `ok=False` and a reason.
+
+A fenced block is read as code: its end is the first ``` outside a string
+literal, and the think tags inside it are text, so a literal argument holding
+backticks or `<think>` reads as written. An argument text that is a literal as a
+whole is read as one, even where a string in it looks like a call `f(...)`.
 """
 
 import ast
 import dataclasses
 import re
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
-_OPEN_THINK = re.compile(r"<think>.*\Z", re.DOTALL)
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n?(.*?)```", re.DOTALL)
+_THINK_OR_FENCE = re.compile(r"<think>|</think>|```")
+_FENCE_OPEN = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n?")
+_TRIPLE_QUOTES = ("'''", '"""')
 _INPUT_LINE = re.compile(r"^[ \t>*_#-]*(?:input|arguments|args|call)\s*[:=]\s*(.+)$", re.I | re.M)
 _LABEL = re.compile(r"\b(?:decision|label|action)\s*[:=]\s*\**\s*(continue|stop)\b", re.I)
 _BARE_LABEL = re.compile(r"\b(CONTINUE|STOP)\b")
@@ -21,11 +26,87 @@ _HYPOTHESIS = re.compile(
 )
 
 
+def _string_end(text: str, at: int) -> int | None:
+    """The index after the string literal whose opening quote is `text[at]`; None if unterminated.
+
+    A backslash takes the next character (also in raw strings, where it keeps a quote
+    in); a one-quote string ends at its line.
+    """
+    quote = text[at : at + 3] if text[at : at + 3] in _TRIPLE_QUOTES else text[at]
+    i = at + len(quote)
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+        elif text.startswith(quote, i):
+            return i + len(quote)
+        elif text[i] == "\n" and len(quote) == 1:
+            return None
+        else:
+            i += 1
+    return None
+
+
+def _fence_close(text: str, start: int) -> int:
+    """Index of the ``` that closes a fenced block whose content starts at `start`; -1 if none.
+
+    The first ``` outside a string literal, if every literal before it is terminated
+    (the block then reads as code); otherwise, as for prose, the first ``` at all.
+    """
+    plain, i = text.find("```", start), start
+    while 0 <= plain and i < len(text):
+        if text.startswith("```", i):
+            return i
+        if text[i] in "'\"":
+            end = _string_end(text, i)
+            if end is None:
+                return plain
+            i = end
+        else:
+            i += 1
+    return plain
+
+
+def _fences(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, content) of each fenced block ```lang ... ``` of `text`, in order."""
+    found, pos = [], 0
+    while (opening := _FENCE_OPEN.search(text, pos)) is not None:
+        close = _fence_close(text, opening.end())
+        if close < 0:
+            break
+        found.append((opening.start(), close + 3, text[opening.end() : close]))
+        pos = close + 3
+    return found
+
+
+def _without_fences(text: str) -> str:
+    """`text` with its fenced blocks cut out."""
+    kept, pos = [], 0
+    for start, end, _ in _fences(text):
+        kept.append(text[pos:start])
+        pos = end
+    return "".join(kept) + text[pos:]
+
+
 def strip_think(text: str) -> str:
-    """Removes `<think>…</think>` blocks and an unterminated trailing `<think>`."""
-    text = _THINK_BLOCK.sub("", text)
-    text = _OPEN_THINK.sub("", text)
-    return text.replace("</think>", "").strip()
+    """Removes `<think>…</think>` blocks and an unterminated trailing `<think>`.
+
+    A stray `</think>` goes too; a fenced block outside a think block is kept whole
+    (think tags in it are code, e.g. in a string literal).
+    """
+    kept, pos = [], 0
+    while (tag := _THINK_OR_FENCE.search(text, pos)) is not None:
+        kept.append(text[pos : tag.start()])
+        pos = tag.end()
+        if tag.group() == "<think>":
+            close = text.find("</think>", pos)
+            pos = len(text) if close < 0 else close + len("</think>")
+        elif tag.group() == "```":
+            close = _fence_close(text, _FENCE_OPEN.match(text, tag.start()).end())
+            end = tag.end() if close < 0 else close + 3
+            kept.append(text[tag.start() : end])
+            pos = end
+    kept.append(text[pos:])
+    return "".join(kept).strip()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,7 +136,6 @@ _CALL_START = re.compile(r"(?<![\w.])(?:" + "|".join(_CALL_NAMES) + r")\s*\(")
 _DEFINITION = re.compile(r"^\s*def\s+\w+\s*\(", re.M)
 _PROMPT_MARK = re.compile(r"^\s*(?:>>>|\.\.\.)\s?", re.M)
 _ASSIGNMENT = re.compile(r"^\s*(arg\d+)\s*=\s*(.+?)\s*$")
-_TRIPLE_QUOTES = ("'''", '"""')
 _INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 _NAME = re.compile(r"[A-Za-z_][\w.]*(?:\(\))?")
 
@@ -105,10 +185,28 @@ def _call_arguments(call_text: str) -> str | None:
     return ", ".join(parts)
 
 
+def _string_spans(text: str, start: int, stop: int) -> list[tuple[int, int]]:
+    """(start, end) of the string literals of the code `text[start:stop]`."""
+    spans, i = [], start
+    while i < stop:
+        if text[i] in "'\"":
+            end = _string_end(text, i) or stop
+            spans.append((i, end))
+            i = end
+        else:
+            i += 1
+    return spans
+
+
 def _calls(text: str) -> list[str]:
-    """Argument texts of the calls of ``test_func`` (or ``f``, ``func``) in ``text``, in order."""
-    found = []
+    """Argument texts of the calls of ``test_func`` (or ``f``, ``func``) in ``text``, in order.
+
+    A call's name inside a string literal of a call already read is text, not a call.
+    """
+    found, strings = [], []
     for match in _CALL_START.finditer(text):
+        if any(a <= match.start() < b for a, b in strings):
+            continue
         if re.search(r"\bdef\s+$", text[: match.start()]):
             continue  # a definition's header, not a call
         end = _closing_paren(text, match.end() - 1)
@@ -117,6 +215,7 @@ def _calls(text: str) -> list[str]:
         args = _call_arguments(text[match.start() : end + 1])
         if args is not None:
             found.append(args)
+            strings += _string_spans(text, match.end(), end)
     return found
 
 
@@ -135,11 +234,22 @@ def _assigned_arguments(code: str) -> str | None:
     return ", ".join(assigned[f"arg{i}"] for i in range(len(assigned)))
 
 
+def _is_literal(text: str) -> bool:
+    """Whether `text` is one Python literal (what `sandbox.args.parse_call_args` evaluates)."""
+    try:
+        ast.literal_eval(ast.parse(text, mode="eval"))
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return False
+    return True
+
+
 def _region_candidates(region: str) -> list[str]:
     """What one fenced block or line may hold: its last call's arguments, assignments, or itself."""
     region = _PROMPT_MARK.sub("", region).strip().rstrip(";").strip()
     if not region:
         return []
+    if _is_literal(region):  # e.g. `('f(x)',)`: a string that holds a call is no call
+        return [region]
     calls = _calls(region)
     if calls:
         return [calls[-1]]
@@ -164,7 +274,7 @@ def input_candidates(text: str) -> list[str]:
     function's arguments.
     """
     body = strip_think(text)
-    regions = [fence[1] for fence in reversed(_FENCE.findall(body))]
+    regions = [content for _, _, content in reversed(_fences(body))]
     regions += [line.strip(" \t*_`") for line in reversed(_INPUT_LINE.findall(body))]
     single = body.strip(" \t\n*_`")
     if "\n" not in single:
@@ -172,10 +282,11 @@ def input_candidates(text: str) -> list[str]:
     out: list[str] = []
     for region in regions:
         out += [c for c in _region_candidates(region) if c not in out]
-    out += [args for args in reversed(_calls(_FENCE.sub("", body))) if args not in out]
+    prose = _without_fences(body)
+    out += [args for args in reversed(_calls(prose)) if args not in out]
     spans = [
         span.strip()
-        for span in _INLINE_CODE.findall(_FENCE.sub("", body))
+        for span in _INLINE_CODE.findall(prose)
         if span.strip() and not _NAME.fullmatch(span.strip())
     ]
     if len(spans) == 1 and spans[0] not in out:
@@ -211,9 +322,9 @@ def extract_input(text: str) -> InputParse:
     body = strip_think(text)
     if not body:
         return InputParse(ok=False, reason="empty output")
-    fences = _FENCE.findall(body)
+    fences = _fences(body)
     if fences:
-        candidate = fences[-1][1].strip()
+        candidate = fences[-1][2].strip()
         if candidate:
             return InputParse(ok=True, args_text=candidate)
     lines = _INPUT_LINE.findall(body)

@@ -11,14 +11,17 @@ before the run resumes; both episodes are run again. A policy that raises (e.g.
 `http.EndpointError`) stops the run; the episodes not finished are not recorded
 and run again on the next run.
 
-The policy may return plain texts or reply objects with a `.text` (e.g.
-`LocalPolicy.complete`'s `Completion`, with token ids and log-probs);
-`run_episode_states` keeps those replies per step together with each finished
-`EpisodeState`, which is what rollouts for training need. Episodes are keyed by
-`EpisodeSpec.episode_id` (the task id unless set), so one task can be run many
-times at once (a GRPO group). In a multi-turn conversation the previous reply's
-token ids ride on its assistant message (`turns.with_tokens`), so a local policy
-extends its last prompt by ids; the recorded messages stay plain text.
+The runner calls the policy's `complete` (`pau_jax.policy.Policy`) with each
+episode's `episode.answer_shape`, what its reply must hold (a policy that masks
+its tokens, structured decoding, reads it; others ignore it). It returns plain
+texts or reply objects with a `.text` (e.g. `LocalPolicy.complete`'s `Completion`,
+with token ids and log-probs); `run_episode_states` keeps those replies per step
+together with each finished `EpisodeState`, which is what rollouts for training
+need. Episodes are keyed by `EpisodeSpec.episode_id` (the task id unless set), so
+one task can be run many times at once (a GRPO group). In a multi-turn
+conversation the previous reply's token ids ride on its assistant message
+(`turns.with_tokens`), so a local policy extends its last prompt by ids; the
+recorded messages stay plain text.
 """
 
 import concurrent.futures
@@ -202,11 +205,9 @@ def run_episode_states(
 
     Args:
       specs: the episodes to run (episode ids must be unique).
-      policy: `policy(conversations) -> replies`, each reply a text or an object
-        with a `.text` (see `pau_jax.policy.Policy`). A policy whose `takes_answers` is
-        true is called `policy(conversations, answers=...)` with each episode's
-        `episode.answer_shape` (structured decoding); so is a bound method of such a
-        policy (`LocalPolicy.complete`).
+      policy: a `pau_jax.policy.Policy`, called `policy.complete(conversations,
+        answers=...)` with each episode's `episode.answer_shape`; each reply a text or
+        an object with a `.text`.
       executor: a `pau_jax.sandbox.Executor` (thread-safe `call`).
       config: the protocol constants.
       out_path: JSONL file; episodes already in it are skipped, new ones appended.
@@ -218,8 +219,6 @@ def run_episode_states(
       What the policy raises (e.g. `http.EndpointError`), after the episodes
       finished so far were written to `out_path`.
     """
-    # A policy, or a bound method such as `LocalPolicy.complete`, of one that takes answers.
-    takes_answers = getattr(getattr(policy, "__self__", policy), "takes_answers", False)
     ids = [s.episode_id for s in specs]
     if len(set(ids)) != len(ids):
         raise ValueError("episode ids passed to run_episodes must be unique")
@@ -241,11 +240,8 @@ def run_episode_states(
         while active:
             order = list(active)
             conversations = [_conversation(active[e], replies[e], config) for e in order]
-            if takes_answers:  # structured decoding
-                answers = [episode.answer_shape(active[e], config) for e in order]
-                outputs = policy(conversations, answers=answers)
-            else:
-                outputs = policy(conversations)
+            answers = [episode.answer_shape(active[e], config) for e in order]
+            outputs = policy.complete(conversations, answers=answers)
             calls = {}
             for eid, reply in zip(order, outputs, strict=True):
                 state, text = active[eid], _text(reply)

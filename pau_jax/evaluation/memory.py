@@ -247,7 +247,6 @@ def _critique_train_items(
 ) -> dict:
     """Stage 2: one interactive episode and one critique per retrieved train item; train task
     id -> critique row."""
-    complete = getattr(agent, "complete", agent)
     needed = list(dict.fromkeys(t for s in specs for t in retrieved[s.task.task_id]["retrieved"]))
     by_train = {s.task.task_id: s for s in train}
     critiques_path = folder / "critiques.jsonl"
@@ -258,7 +257,7 @@ def _critique_train_items(
         print(f"[memory] {len(todo)} episodes on retrieved train items", flush=True)
         runner.run_episodes(
             [by_train[t] for t in todo],
-            complete,
+            agent,
             executor,
             episode_config,
             out_path=episodes_path,
@@ -350,7 +349,7 @@ def run_memory(
       specs: the test tasks.
       first_records: task id -> the first interactive run's record of that task.
       train_specs, train_references: the train split (specs, references by task id).
-      agent: the agent (`policy(conversations) -> texts`; `.complete` when it has one).
+      agent: the agent (a `Policy`: `complete(conversations)` replies with `.text`).
       embedder: an `Embedder` (`embed(texts) -> [N, D]` unit vectors).
       embedder_name: a description of the embedder (a run made with another is refused).
       executor: the sandbox executor.
@@ -381,7 +380,6 @@ def run_memory(
             "train_items": digest,
         },
     )
-    complete = getattr(agent, "complete", agent)
 
     # 1. Retrieval.
     retrieved = _retrieve(folder, specs, first_records, embedder, train_ids, texts, config)
@@ -416,7 +414,7 @@ def run_memory(
     path = run_dir / "memory_episodes.jsonl"
     runner.run_episodes(
         second,
-        complete,
+        agent,
         executor,
         episode_config,
         out_path=path,

@@ -268,30 +268,32 @@ def resolve_seat(name: str, seat, policy) -> tuple[object, bool]:
 class Seat:
     """A built policy in a named seat ('agent', 'judge', 'coder'): its endpoint errors name the seat.
 
-    Calls go to `policy`; the seat has `complete` when the policy has it. An
-    `EndpointError` raised by the policy is raised again with `seat` set, so a
-    judge that is the agent's own endpoint fails as the judge.
+    A `Policy` itself: `complete` and calls go to `policy`. An `EndpointError` raised
+    by the policy is raised again with `seat` set, so a judge that is the agent's own
+    endpoint fails as the judge.
     """
 
     def __init__(self, name: str, policy: Policy):
         self.name = name
         self.policy = policy
-        if hasattr(policy, "complete"):
-            self.complete = self._complete
 
-    @property
-    def takes_answers(self) -> bool:
-        return bool(getattr(self.policy, "takes_answers", False))
-
-    def __call__(self, conversations, **kwargs):
+    def complete(
+        self,
+        conversations: Sequence[Sequence[dict]],
+        *,
+        answers: Sequence | None = None,
+        stop: Sequence[Sequence[str]] | None = None,
+    ) -> list:
+        """The policy's replies (`Policy.complete`)."""
         try:
-            return self.policy(conversations, **kwargs)
+            return self.policy.complete(conversations, answers=answers, stop=stop)
         except EndpointError as e:
             raise e.for_seat(self.name) from None
 
-    def _complete(self, *args, **kwargs):
+    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
+        """The policy's reply texts."""
         try:
-            return self.policy.complete(*args, **kwargs)
+            return self.policy(conversations)
         except EndpointError as e:
             raise e.for_seat(self.name) from None
 

@@ -25,6 +25,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
+from pau_jax.policy import check_per_row
+
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
@@ -186,7 +188,11 @@ def with_retries(call, *, max_retries: int, backoff_s: float, on_retry=None):
 
 
 class HTTPPolicy:
-    """`policy(conversations) -> texts` over an OpenAI-compatible endpoint (see module docstring)."""
+    """A `Policy` over an OpenAI-compatible endpoint (see module docstring); replies are texts.
+
+    `complete`'s `answers` are ignored (an endpoint's tokens cannot be masked here); its
+    `stop` strings are sent with the request, after `HTTPConfig.stop`.
+    """
 
     def __init__(self, config: HTTPConfig = HTTPConfig()):
         base_url = config.base_url or env("PAU_OPENAI_BASE_URL", "OPENAI_BASE_URL")
@@ -208,7 +214,9 @@ class HTTPPolicy:
     def _post(self, payload: dict) -> dict:
         return post_json(self.url, payload, self.api_key, self.config.timeout_s)
 
-    def _one(self, index: int, messages: Sequence[dict], stop: threading.Event) -> str:
+    def _one(
+        self, index: int, messages: Sequence[dict], stop: Sequence[str], cancel: threading.Event
+    ) -> str:
         c = self.config
         payload = {
             "model": self.model,
@@ -222,9 +230,10 @@ class HTTPPolicy:
             payload["seed"] = c.seed
         if c.repetition_penalty is not None:
             payload["repetition_penalty"] = c.repetition_penalty
-        if c.stop:
-            payload["stop"] = list(c.stop)
-        if stop.is_set():
+        strings = list(dict.fromkeys([*c.stop, *stop]))
+        if strings:
+            payload["stop"] = strings
+        if cancel.is_set():
             raise _Stopped
 
         def request() -> str:
@@ -237,41 +246,67 @@ class HTTPPolicy:
             request,
             max_retries=c.max_retries,
             backoff_s=c.backoff_s,
-            on_retry=lambda: self._before_retry(stop),
+            on_retry=lambda: self._before_retry(cancel),
         )
         if ok:
             return content
         with self._lock:
             self.failures.append(Failure(index=index, attempts=attempts, error=error))
-        stop.set()
+        cancel.set()
         raise EndpointError(url=self.url, model=self.model, attempts=attempts, error=error)
 
-    def _before_retry(self, stop: threading.Event) -> None:
-        if stop.is_set():
+    def _before_retry(self, cancel: threading.Event) -> None:
+        if cancel.is_set():
             raise _Stopped
         with self._lock:
             self.retries += 1
 
-    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
-        """One reply per conversation, in order.
+    def complete(
+        self,
+        conversations: Sequence[Sequence[dict]],
+        *,
+        answers: Sequence | None = None,
+        stop: Sequence[Sequence[str]] | None = None,
+    ) -> list[str]:
+        """One reply text per conversation, in order.
+
+        Args:
+          conversations: chat conversations (lists of {"role", "content"} messages).
+          answers: ignored: an endpoint samples its tokens unmasked (see `pau_jax.policy.Policy`).
+          stop: per conversation, strings sent as the request's "stop" besides
+            `HTTPConfig.stop` (the endpoint ends the reply before the first of them).
 
         Raises:
           EndpointError: a request still failed after its retries (the first such
             request of the batch; the others are dropped).
         """
+        check_per_row(conversations, answers=answers, stop=stop)
         if not conversations:
             return []
+        stops = stop if stop is not None else [()] * len(conversations)
         workers = min(self.config.max_concurrency, len(conversations))
-        stop = threading.Event()
+        cancel = threading.Event()
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
         try:
-            futures = [pool.submit(self._one, i, c, stop) for i, c in enumerate(conversations)]
+            futures = [
+                pool.submit(self._one, i, c, stops[i], cancel) for i, c in enumerate(conversations)
+            ]
             concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
             if any(f.done() and f.exception() is not None for f in futures):
-                stop.set()  # the rest end at once (queued) or before their next retry
+                cancel.set()  # the rest end at once (queued) or before their next retry
                 concurrent.futures.wait(futures)
                 errors = [f.exception() for f in futures]
                 raise next(e for e in errors if e is not None and not isinstance(e, _Stopped))
-            return [f.result() for f in futures]
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            replies = [f.result() for f in futures]
+        except BaseException:
+            # Ctrl-C (or any error) while requests are in flight: the queued ones never
+            # start, the running ones stop before their next retry, nothing waits for them.
+            cancel.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return replies
+
+    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
+        """The reply texts of `complete(conversations)`."""
+        return self.complete(conversations)

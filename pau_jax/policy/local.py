@@ -1,15 +1,17 @@
 """A policy backed by the JAX sampler over a local model and its tokenizer."""
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 
 import numpy as np
 
 from pau_jax.env import turns
-from pau_jax.policy import turn_ids
+from pau_jax.policy import check_per_row, turn_ids
 from pau_jax.policy.config import SamplingConfig
 from pau_jax.sampling import constraint, generate, output
 from pau_jax.sampling.prefix_cache import PrefixCache
+from pau_jax.sandbox.args import MAX_CHARS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,6 +49,31 @@ _MASKED = ("constrain_inputs", "typed_inputs")
 
 # End-of-turn / end-of-text tokens of the supported chat formats (Qwen, Llama 3).
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
+
+
+def _input_bounds(max_new_tokens: int) -> dict[str, int]:
+    """The token bounds of a masked input reply of `max_new_tokens` tokens (`constraint.Component`).
+
+    The input grammar accepts literals of any length, but the runner reads an input with
+    `sandbox.args.parse_call_args`, which refuses more than `MAX_CHARS` characters, and
+    Python refuses an int of more than `sys.get_int_max_str_digits()` digits. A regular
+    grammar cannot count that far (a state per character in every context), so the
+    bound is kept at the token level instead: every token of a masked reply has at most
+    `MAX_CHARS // max_new_tokens` bytes and `digits // max_new_tokens` digits, so no
+    reply the mask allows is refused for its length. At 512 tokens that leaves out the
+    1,007 Qwen tokens over 19 bytes (0.7%: runs of spaces or punctuation, long words of
+    non-Latin scripts).
+    """
+    digits = sys.get_int_max_str_digits()
+    if max_new_tokens > MAX_CHARS or (digits and max_new_tokens > digits):
+        raise ValueError(
+            f"structured inputs need max_new_tokens <= {min(MAX_CHARS, digits or MAX_CHARS)} "
+            f"(the input parser's limits), got {max_new_tokens}; lower it or set structured='off'"
+        )
+    return {
+        "max_piece_bytes": MAX_CHARS // max_new_tokens,
+        "max_piece_digits": digits // max_new_tokens if digits else 0,
+    }
 
 
 class LocalPolicy:
@@ -91,26 +118,24 @@ class LocalPolicy:
         self._end_texts = tuple(tokenizer.convert_ids_to_tokens(list(self.stop_token_ids)))
         self._vocab: constraint.Vocabulary | None = None  # token bytes, for structured decoding
 
-    @property
-    def takes_answers(self) -> bool:
-        """Whether the episode runner should pass each reply's answer shape (structured decoding)."""
-        return self.sampling.structured != "off" or self.sampling.resample_repeats > 0
-
-    def _automaton(self, answers, stops, keep, structured: str):
+    def _automaton(self, answers, stops, keep, s: SamplingConfig):
         """(automaton, per-row starts) for the kept rows, or (None, None) when no row needs one.
 
         A row follows the input grammar of its arity ('constrain_inputs'; 'typed_inputs'
-        with its arguments' shapes; an input shape),
-        the revision detector ('end_at_answer' or 'constrain_inputs', a decision shape; with
-        the row's stop strings too), or a stop-string detector (stop strings alone).
+        with its arguments' shapes; an input shape), with tokens bounded so the reply stays
+        readable (`_input_bounds`), the revision detector ('end_at_answer' or
+        'constrain_inputs', a decision shape; with the row's stop strings too), or a
+        stop-string detector (stop strings alone).
         """
-        components = {}
+        structured, components = s.structured, {}
         for i in keep:
             shape = answers[i] if answers is not None and structured != "off" else None
             row_stop = tuple(stops[i]) if stops is not None else ()
             if shape is not None and shape.kind == "input" and structured in _MASKED:
                 typed = shape.shapes if structured == "typed_inputs" else ()
-                components[i] = constraint.Component("input", arity=shape.arity, shapes=typed)
+                components[i] = constraint.Component(
+                    "input", arity=shape.arity, shapes=typed, **_input_bounds(s.max_new_tokens)
+                )
             elif shape is not None and shape.kind == "decision":
                 components[i] = constraint.Component("decision", stop=row_stop)
             elif row_stop:
@@ -199,11 +224,7 @@ class LocalPolicy:
                 f"repetition_penalties has {len(repetition_penalties)} values for "
                 f"{len(conversations)} conversations; pass one per conversation"
             )
-        for name, per_row in (("answers", answers), ("stop", stop)):
-            if per_row is not None and len(per_row) != len(conversations):
-                raise ValueError(
-                    f"{name} has {len(per_row)} entries for {len(conversations)} conversations"
-                )
+        check_per_row(conversations, answers=answers, stop=stop)
         prompts = [self.encode(c) for c in conversations]
         limit = s.max_prompt_tokens
         keep = [i for i, p in enumerate(prompts) if limit is None or len(p) <= limit]
@@ -246,7 +267,7 @@ class LocalPolicy:
 
     def _sample(self, prompts, rows, s: SamplingConfig, seed, penalties, answers, stop) -> dict:
         """One sampler call for `rows` of `prompts`: their `Completion`s by row, stats added up."""
-        automaton, starts = self._automaton(answers, stop, rows, s.structured)
+        automaton, starts = self._automaton(answers, stop, rows, s)
         out = generate(
             self.model,
             [prompts[i] for i in rows],
@@ -286,5 +307,6 @@ class LocalPolicy:
             )
         return drawn
 
-    def __call__(self, conversations: Sequence[Sequence[dict]], answers=None) -> list[str]:
-        return [c.text for c in self.complete(conversations, answers=answers)]
+    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
+        """The reply texts of `complete(conversations)`."""
+        return [c.text for c in self.complete(conversations)]

@@ -1,8 +1,10 @@
 """Scripted policies (no language model) for tests and baselines: an oracle, a random prober, a coder, a judge.
 
-Each satisfies the `Policy` protocol (`policy(conversations) -> texts`) and reads
-only the text of the last user message, so it can stand in for a model in any
-seat: the agent of an episode, the coder of code match, the judge.
+Each is a `Policy` (`complete` and `policy(conversations) -> texts`, through
+`_Scripted`) and reads only the text of the last user message, so it can stand in
+for a model in any seat: the agent of an episode, the coder of code match, the
+judge. `complete` ignores answer shapes (a script writes what it writes) and cuts
+each reply before the first of its stop strings.
 
 - `OraclePolicy` knows each task's source. It probes with inputs derived from
   the shown examples and the source's literals, then states the source in a
@@ -23,6 +25,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 
 from pau_jax.data import argtypes, mutations
+from pau_jax.policy import check_per_row
 from pau_jax.sandbox import parse_call_args, values
 
 _GENERATE = "Now write the arguments"
@@ -36,6 +39,37 @@ _ERROR = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*): (.*)$", re.DOTALL)
 
 def _last_user(conversation: Sequence[dict]) -> str:
     return next(m["content"] for m in reversed(conversation) if m["role"] == "user")
+
+
+def _cut(text: str, stop: Sequence[str]) -> str:
+    """`text` up to the first occurrence of any of `stop` (all of it when none occurs)."""
+    found = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return text[: min(found)] if found else text
+
+
+class _Scripted:
+    """A `Policy` from a script: `_answer(last user message) -> reply text`."""
+
+    def _answer(self, content: str) -> str:
+        raise NotImplementedError
+
+    def complete(
+        self,
+        conversations: Sequence[Sequence[dict]],
+        *,
+        answers: Sequence | None = None,
+        stop: Sequence[Sequence[str]] | None = None,
+    ) -> list[str]:
+        """One reply text per conversation; `answers` are ignored, `stop` strings cut the reply."""
+        check_per_row(conversations, answers=answers, stop=stop)
+        texts = [self._answer(_last_user(c)) for c in conversations]
+        if stop is None:
+            return texts
+        return [_cut(text, strings) for text, strings in zip(texts, stop, strict=True)]
+
+    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
+        """The reply texts of `complete(conversations)`."""
+        return self.complete(conversations)
 
 
 def _between(text: str, start: str, end: str) -> str:
@@ -116,7 +150,7 @@ def _calls_so_far(content: str) -> list[str]:
     return _lines(_between(content, "Your calls so far:\n", "\n\nCurrent hypothesis:"))
 
 
-class OraclePolicy:
+class OraclePolicy(_Scripted):
     """Knows every task's source: probes informative inputs, then states the source and stops.
 
     Args:
@@ -188,11 +222,8 @@ class OraclePolicy:
             return f"Hypothesis: the function is exactly this code:\n{source}\nDecision: {decision}"
         return "I know the source; I will check it on an informative input."
 
-    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
-        return [self._answer(_last_user(c)) for c in conversations]
 
-
-class RandomProber:
+class RandomProber(_Scripted):
     """Seeded random arguments of the example types; the hypothesis is the table of observed calls.
 
     A call's arguments depend only on (seed, header, examples, call index), so
@@ -238,9 +269,6 @@ class RandomProber:
                 return f"Description: it maps inputs to outputs as in this table:\n{body}"
             return f"Hypothesis: observed calls:\n{body}\nDecision: CONTINUE"
         return "I will try a random input of the types seen so far."
-
-    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
-        return [self._answer(_last_user(c)) for c in conversations]
 
 
 def _parse_args_text(text: str, n_params: int) -> tuple | None:
@@ -304,7 +332,7 @@ def lookup_table_code(header: str, lines: Sequence[str]) -> str:
     )
 
 
-class ScriptedCoder:
+class ScriptedCoder(_Scripted):
     """Writes code from the coder prompt: the description's fenced code, else a lookup table."""
 
     def _answer(self, content: str) -> str:
@@ -316,14 +344,11 @@ class ScriptedCoder:
         lines = description.splitlines() + _lines(_between(content, "Observed calls:\n", "\n\n"))
         return f"```python\n{lookup_table_code(header, lines)}```"
 
-    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
-        return [self._answer(_last_user(c)) for c in conversations]
-
 
 _WORD = re.compile(r"[a-z0-9]+")
 
 
-class OverlapJudge:
+class OverlapJudge(_Scripted):
     """A lexical stand-in for a judge model (tests and offline runs only).
 
     Rating prompts ("True description:" ... "Hypothesis:") get
@@ -350,6 +375,3 @@ class OverlapJudge:
         words = set(_WORD.findall(hypothesis.lower()))
         overlap = len(gold & words) / max(len(gold | words), 1)
         return f"Word overlap {overlap:.2f}.\nRating: {1 + round(4 * overlap)}"
-
-    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
-        return [self._answer(_last_user(c)) for c in conversations]

@@ -278,7 +278,7 @@ def train(
             batch_tasks = [specs[i] for i in task_order(seed, position, len(specs), k)]
             rollout = rollout_lib.collect(
                 parallel.process_split(batch_tasks),
-                actor=_actor(r, rollout_config, rollout_seed(seed, step)).complete,
+                actor=_actor(r, rollout_config, rollout_seed(seed, step)),
                 critic=critic_for(critic_seed(seed, step)),
                 executor=executor,
                 references=refs,

@@ -130,7 +130,7 @@ def _sample(reply, advantage: float, where: str) -> Sample:
         if not getattr(reply, name, None):
             raise ValueError(
                 f"{where}: the actor's reply has no {name}; the actor must return token ids "
-                "and log-probs (use LocalPolicy.complete)"
+                "and log-probs (use a LocalPolicy)"
             )
     return Sample(
         prompt_ids=list(reply.prompt_ids),
@@ -245,8 +245,8 @@ def collect(
 
     Args:
       tasks: the batch's tasks (usually ``config.tasks_per_batch`` of them).
-      actor: ``actor(conversations) -> replies`` with ``.text``, ``.prompt_ids``,
-        ``.token_ids`` and ``.logprobs`` (e.g. ``LocalPolicy.complete``).
+      actor: a ``Policy`` whose ``complete(conversations)`` replies have ``.text``,
+        ``.prompt_ids``, ``.token_ids`` and ``.logprobs`` (e.g. a ``LocalPolicy``).
       critic: ``critic(conversations) -> texts`` (the frozen base model by default: ``training.step.reference_model``).
       executor: the sandbox ``Executor``.
       references: task id -> privileged information for the critic.

@@ -135,6 +135,12 @@ class Component:
     is allowed (special ones too) and the state only tells when the reply is complete:
     'decision' at its first revision label (`input_grammar.decision_grammar()`) or at any
     of `stop`, 'stop' at the first of the strings `stop` (as a server's stop strings).
+
+    An input grammar bounds nesting, not length. `max_piece_bytes` and `max_piece_digits`
+    (0: no bound) leave out of an input component every token longer than that, or
+    holding more ASCII digits: a reply of at most N tokens then has at most N times
+    each, which is how a caller keeps every reply the mask allows within a reader's
+    limits (`LocalPolicy`: the argument parser's characters and Python's int digits).
     """
 
     kind: str
@@ -143,6 +149,8 @@ class Component:
     depth: int = 2
     stop: tuple[str, ...] = ()
     shapes: tuple = ()  # 'input': one shape per argument (`input_grammar.grammar`), or any
+    max_piece_bytes: int = 0  # 'input': the longest token allowed (0: any)
+    max_piece_digits: int = 0  # 'input': the most digits a token may hold (0: any)
 
     def __post_init__(self):
         if self.kind not in ("input", "decision", "stop"):
@@ -155,6 +163,10 @@ class Component:
             raise ValueError("a 'stop' component needs at least one stop string")
         if self.kind == "input" and self.stop:
             raise ValueError("an 'input' component ends with its grammar; it takes no stop strings")
+        if self.max_piece_bytes < 0 or self.max_piece_digits < 0:
+            raise ValueError("max_piece_bytes and max_piece_digits must be >= 0 (0: no bound)")
+        if self.kind != "input" and (self.max_piece_bytes or self.max_piece_digits):
+            raise ValueError("only an 'input' component bounds its tokens")
 
 
 DECISION = Component("decision")
@@ -268,6 +280,18 @@ def _byte_dfa(component: Component) -> tuple[input_grammar.ByteDFA, bool]:
     return dataclasses.replace(dfa, delta=delta), True
 
 
+_DIGITS = frozenset(b"0123456789")
+
+
+def _fits(component: Component, piece: bytes) -> bool:
+    """Whether a token is within the component's bounds (a token outside is never allowed)."""
+    if component.max_piece_bytes and len(piece) > component.max_piece_bytes:
+        return False
+    return not component.max_piece_digits or (
+        sum(b in _DIGITS for b in piece) <= component.max_piece_digits
+    )
+
+
 @functools.lru_cache(maxsize=32)
 def _component(key, component: Component) -> _Part:
     """Walks every token's bytes from every state of the component's DFA (a prefix-trie walk)."""
@@ -286,7 +310,11 @@ def _component(key, component: Component) -> _Part:
     seen: dict[bytes, int] = {}
     token_class = np.full(vocab_size, never, np.int32)
     token_class[list(stop_ids)] = stop
-    ids = sorted((p, i) for i, p in enumerate(vocab.pieces) if p and i not in stop_ids)
+    ids = sorted(
+        (p, i)
+        for i, p in enumerate(vocab.pieces)
+        if p and i not in stop_ids and _fits(component, p)
+    )
     stack, prev = [same], b""
     for piece, i in ids:
         common = 0

@@ -3,16 +3,31 @@
 `grammar(arity, wrapper, depth)` is a regular expression over bytes, written as a
 small tree (`set`, `seq`, `alt`, `star`): Python literals (int, float, str, bytes,
 bool, None, and list/tuple/dict/set nested `depth` deep; set items and dict keys
-are scalars), exactly `arity` of them in a tuple (`(x,)` for one), inside the
-wrapper the generation prompt asks for. `compile_dfa` turns it into a `ByteDFA`
-(Thompson construction, subset construction over byte classes, Moore
+are hashable: scalars and tuples of them), exactly `arity` of them in a tuple
+(`(x,)` for one), inside the wrapper the generation prompt asks for. `compile_dfa`
+turns it into a `ByteDFA` (an NFA, subset construction over byte classes, Moore
 minimisation); `constraint.py` walks the tokenizer's vocabulary over it.
 
-String and bytes literals exclude what would make the parsers in `env/parse.py`
-misread the reply: control characters, backticks (a fence), `<` before anything
-but a space, `=` or a digit (`<think>`), and `(` after a letter, digit or space
-(a call `f(...)`); escapes are `\\\\ \\' \\" \\n \\r \\t \\0`. Integers have no leading
-zeros; floats are `1.5`, `-0.25e-3` (digits on both sides of the point).
+Complete: whatever `repr` writes for these types is accepted (so is the generation
+prompt's example), and the forms Python also reads: any spacing (spaces and tabs)
+between tokens on the line, trailing commas, `+`/`-` signs, floats such as `1e-05`,
+`1.`, `.5` (`1e999` is how inf is written; nan has no literal), string escapes
+`\\\\ \\' \\" \\a \\b \\f \\n \\r \\t \\v`, `\\xhh`, octal `\\ooo` up to `\\377`, `\\uhhhh` and
+`\\Uhhhhhhhh` (str), `u`/`b` prefixes and `set()`. Left out, since `repr` never writes
+them: raw and triple-quoted strings, `\\N{...}`, hex/octal/binary ints and digit
+underscores, implicit string concatenation, line breaks.
+
+Sound: every accepted reply is read by `env/parse.py` (strict and lenient) and
+`sandbox.args.parse_call_args` as the literal it spells. Strings hold any character
+(a raw one, or an escape): the parsers read a fenced block as Python, skipping its
+string literals (`parse.strip_think`, `parse.input_candidates`). Only the unfenced
+'input_line' wrapper keeps backticks and `<` out of its raw string characters
+(escapes such as `\\x60` still write them). An accepted escape is one Python takes
+without a warning: an octal escape never reads a third digit past `\\377`.
+
+The grammar bounds nesting, not length: a reply's characters (the parser's
+`MAX_CHARS`) and an int's digits (Python's 4,300) are bounded by the token mask
+instead (`constraint.Component.max_piece_bytes`).
 """
 
 import dataclasses
@@ -55,7 +70,12 @@ def _opt(part) -> tuple:
     return ("alt", [part, ("seq", [])])
 
 
+def _plus(part) -> tuple:
+    return _seq(part, _star(part))
+
+
 _DIGIT = _set(b"0123456789")
+_HEX = _set(b"0123456789abcdefABCDEF")
 _CONT = _set(range(0x80, 0xC0))
 _UTF8 = _alt(  # one multi-byte UTF-8 character (no surrogates, no overlongs)
     _seq(_set(range(0xC2, 0xE0)), _CONT),
@@ -66,116 +86,194 @@ _UTF8 = _alt(  # one multi-byte UTF-8 character (no surrogates, no overlongs)
     _seq(_set(range(0xF1, 0xF4)), _CONT, _CONT, _CONT),
     _seq(_set(b"\xf4"), _set(range(0x80, 0x90)), _CONT, _CONT),
 )
-_SEP = _seq(_lit(b","), _opt(_lit(b" ")))
-_COLON = _seq(_lit(b":"), _opt(_lit(b" ")))
+# Spacing Python allows between the tokens of a literal on one line. A star costs no
+# state where the same state loops on it.
+_BLANK = _star(_set(b" \t"))
 
 
-def _quoted(quote: bytes, unicode: bool) -> tuple:
-    """A string (or bytes) body between `quote`s, free of what the reply parsers misread."""
-    special = quote + b"\\`<("
-    punct = bytes(c for c in string.punctuation.encode() if c not in special)
-    plain = bytes(c for c in range(0x20, 0x7F) if c not in special and c not in punct) + b"\t"
-    parens = _star(_lit(b"("))
-    piece = _alt(
-        _set(plain),
-        _seq(_set(punct), parens),
-        _seq(_lit(b"\\"), _set(b"\\'\"nrt0")),
-        _seq(_lit(b"<"), _set(b" =0123456789")),
+def _token(text: bytes) -> tuple:
+    """Punctuation followed by any spacing."""
+    return _seq(_lit(text), _BLANK)
+
+
+def _hex(n: int) -> tuple:
+    return _seq(*[_HEX] * n)
+
+
+# Escapes Python reads without a warning. `\U` stops at U+10FFFF.
+_SIMPLE_ESCAPE = _set(b"\\'\"abfnrtv")
+_UNICODE_ESCAPES = _alt(
+    _seq(_lit(b"u"), _hex(4)),
+    _seq(_lit(b"U00"), _alt(_seq(_lit(b"0"), _hex(5)), _seq(_lit(b"10"), _hex(4)))),
+)
+
+
+def _quoted(quote: bytes, unicode: bool, excluded: bytes) -> tuple:
+    """A string (or bytes) literal between `quote`s, its body any characters but `excluded`.
+
+    A character is written as itself (printable ASCII and tab, and for str any other
+    UTF-8 character) or as an escape. Octal escapes: `\\[0-3]oo` (to `\\377`), or one or
+    two digits; after `\\[4-7]` or `\\[4-7]o` no octal digit follows (Python would read
+    it into the escape, past `\\377`).
+    """
+    plain = bytes(
+        c for c in [9, *range(0x20, 0x7F)] if c not in quote + b"\\" and c not in excluded
+    )
+    octal = b"01234567"
+    escape = _alt(
+        _SIMPLE_ESCAPE,
+        _seq(_lit(b"x"), _hex(2)),
+        *([_UNICODE_ESCAPES] if unicode else []),
+    )
+    low = _seq(_set(b"0123"), _opt(_set(octal)), _opt(_set(octal)))  # \0 .. \377
+    high = _seq(_set(b"4567"), _opt(_set(octal)))  # \4 .. \77, ends the digits
+    # A piece that does not start with an octal digit, and one that may.
+    other = _alt(
+        _set(bytes(c for c in plain if c not in octal)),
+        _seq(_lit(b"\\"), _alt(escape, low)),
         *([_UTF8] if unicode else []),
     )
-    return _seq(_lit(quote), parens, _star(piece), _lit(quote))
+    piece = _alt(other, _set(bytes(c for c in plain if c in octal)))
+    highs = _plus(_seq(_lit(b"\\"), high))
+    body = _seq(_star(_alt(piece, _seq(highs, other))), _opt(highs))
+    return _seq(_lit(quote), body, _lit(quote))
 
 
-_NATURAL = _alt(_lit(b"0"), _seq(_set(b"123456789"), _star(_DIGIT)))
-_INT = _seq(_opt(_lit(b"-")), _NATURAL)
+@functools.cache
+def _str(excluded: bytes) -> tuple:
+    prefix = _opt(_set(b"uU"))
+    return _seq(prefix, _alt(_quoted(b"'", True, excluded), _quoted(b'"', True, excluded)))
+
+
+@functools.cache
+def _bytes(excluded: bytes) -> tuple:
+    prefix = _set(b"bB")
+    return _seq(prefix, _alt(_quoted(b"'", False, excluded), _quoted(b'"', False, excluded)))
+
+
+_SIGN = _opt(_seq(_set(b"+-"), _BLANK))
+_DIGITS = _plus(_DIGIT)
+_EXPONENT = _seq(_set(b"eE"), _opt(_set(b"+-")), _DIGITS)
+# Ints: no leading zero but in `0`, `00`...; floats (leading zeros allowed): `1.5`, `1.`,
+# `.5`, `1e-05`, `01.5e3`.
+_INT = _seq(_SIGN, _alt(_plus(_lit(b"0")), _seq(_set(b"123456789"), _star(_DIGIT))))
 _FLOAT = _seq(
-    _opt(_lit(b"-")),
-    _NATURAL,
-    _lit(b"."),
-    _DIGIT,
-    _star(_DIGIT),
-    _opt(_seq(_set(b"eE"), _opt(_set(b"+-")), _DIGIT, _star(_DIGIT))),
+    _SIGN,
+    _alt(
+        _seq(_DIGITS, _lit(b"."), _star(_DIGIT), _opt(_EXPONENT)),
+        _seq(_lit(b"."), _DIGITS, _opt(_EXPONENT)),
+        _seq(_DIGITS, _EXPONENT),
+    ),
 )
-_STR = _alt(_quoted(b"'", True), _quoted(b'"', True))
-_BYTES = _alt(_seq(_lit(b"b"), _quoted(b"'", False)), _seq(_lit(b"b"), _quoted(b'"', False)))
 _BOOL = _alt(_lit(b"True"), _lit(b"False"))
-_SCALAR = _alt(_INT, _FLOAT, _STR, _BYTES, _BOOL, _lit(b"None"))
+_NONE = _lit(b"None")
+
+
+@functools.cache
+def _scalar(excluded: bytes) -> tuple:
+    return _alt(_INT, _FLOAT, _str(excluded), _bytes(excluded), _BOOL, _NONE)
 
 
 def _items(item) -> tuple:
-    return _seq(item, _star(_seq(_SEP, item)))
+    """One or more `item`s (each followed by spacing), comma-separated, a trailing comma allowed."""
+    return _seq(item, _star(_seq(_token(b","), item)), _opt(_token(b",")))
+
+
+def _spaced(part) -> tuple:
+    return _seq(part, _BLANK)
 
 
 def _list_of(item) -> tuple:
-    return _seq(_lit(b"["), _opt(_items(item)), _lit(b"]"))
+    return _seq(_token(b"["), _opt(_items(_spaced(item))), _lit(b"]"))
 
 
 def _tuple_of(item, one_tuple: bool = True) -> tuple:
     """A tuple literal of `item`s: `()`, `(x,)` or `(x, y, ...)` (without `(x,)`: `one_tuple=False`)."""
-    if one_tuple:
-        body = _seq(item, _lit(b","), _opt(_seq(_lit(b" "), _items(item))))
-    else:
-        body = _seq(item, _SEP, _items(item))
-    return _seq(_lit(b"("), _opt(body), _lit(b")"))
+    item = _spaced(item)
+    more = _seq(_token(b","), _items(item))  # a second item, and maybe more
+    body = _seq(item, _token(b","), _opt(_items(item))) if one_tuple else _seq(item, more)
+    return _seq(_token(b"("), _opt(body), _lit(b")"))
 
 
 def _set_of(item) -> tuple:
-    return _seq(_lit(b"{"), _items(item), _lit(b"}"))  # non-empty: `{}` is a dict
+    """`{x, ...}` (`{}` is a dict) or `set()`."""
+    return _alt(_seq(_token(b"{"), _items(_spaced(item)), _lit(b"}")), _lit(b"set()"))
 
 
 def _dict_of(key, value) -> tuple:
-    return _seq(_lit(b"{"), _opt(_items(_seq(key, _COLON, value))), _lit(b"}"))
+    entry = _seq(_spaced(key), _token(b":"), _spaced(value))
+    return _seq(_token(b"{"), _opt(_items(entry)), _lit(b"}"))
 
 
 @functools.cache
-def _value(depth: int, one_tuple: bool = True) -> tuple:
-    """A literal whose containers nest at most `depth` deep (set items, dict keys: scalars).
+def _hashable(depth: int, excluded: bytes) -> tuple:
+    """A set item or dict key: a scalar, or a tuple of them nested at most `depth` deep."""
+    if depth == 0:
+        return _scalar(excluded)
+    return _alt(_scalar(excluded), _tuple_of(_hashable(depth - 1, excluded)))
+
+
+@functools.cache
+def _value(depth: int, excluded: bytes, one_tuple: bool = True) -> tuple:
+    """A literal whose containers nest at most `depth` deep.
 
     With `one_tuple=False` the outermost value is never a 1-tuple `(x,)`.
     """
     if depth == 0:
-        return _SCALAR
-    inner = _value(depth - 1)
+        return _scalar(excluded)
+    inner = _value(depth - 1, excluded)
     return _alt(
-        _SCALAR,
+        _scalar(excluded),
         _list_of(inner),
         _tuple_of(inner, one_tuple),
-        _set_of(_SCALAR),
-        _dict_of(_SCALAR, inner),
+        _set_of(_hashable(depth - 1, excluded)),
+        _dict_of(_hashable(depth - 1, excluded), inner),
     )
 
 
-def _hashable(shape: tuple) -> tuple:
-    """A set item or dict key: the shape itself, or any scalar where the shape is unknown."""
-    return _SCALAR if shape[0] == "any" else _shaped(shape)
-
-
-def _shaped(shape: tuple) -> tuple:
+def _shaped(shape: tuple, excluded: bytes) -> tuple:
     """The literals of one argument shape (`env.input_example.value_shape`)."""
     kind = shape[0]
     scalars = {
         "bool": _BOOL,
         "int": _INT,
         "float": _alt(_INT, _FLOAT),
-        "str": _STR,
-        "bytes": _BYTES,
-        "none": _lit(b"None"),
+        "str": _str(excluded),
+        "bytes": _bytes(excluded),
+        "none": _NONE,
     }
     if kind in scalars:
         return scalars[kind]
     if kind == "list":
-        return _list_of(_shaped(shape[1]))
+        return _list_of(_shaped(shape[1], excluded))
     if kind == "tuple":
-        return _tuple_of(_shaped(shape[1]))
+        return _tuple_of(_shaped(shape[1], excluded))
     if kind == "set":
-        return _set_of(_hashable(shape[1]))
+        return _set_of(_shaped_hashable(shape[1], excluded))
     if kind == "dict":
-        return _dict_of(_hashable(shape[1]), _shaped(shape[2]))
+        return _dict_of(_shaped_hashable(shape[1], excluded), _shaped(shape[2], excluded))
     if kind == "alt":
-        return _alt(*(_shaped(s) for s in shape[1]))
+        return _alt(*(_shaped(s, excluded) for s in shape[1]))
     if kind == "any":
-        return _value(1)
+        return _value(1, excluded)
     raise ValueError(f"unknown argument shape {shape!r}")
+
+
+def _shaped_hashable(shape: tuple, excluded: bytes) -> tuple:
+    """A set item or dict key of `shape`; where the shape is unknown, any hashable literal.
+
+    Unknown parts inside a tuple stay hashable too (`{(): 1}` gives `("tuple", ("any",))`).
+    """
+    kind = shape[0]
+    if kind == "any":
+        return _hashable(1, excluded)
+    if kind == "tuple":
+        return _tuple_of(_shaped_hashable(shape[1], excluded))
+    if kind == "alt":
+        return _alt(*(_shaped_hashable(s, excluded) for s in shape[1]))
+    if kind in ("list", "set", "dict"):
+        raise ValueError(f"a set item or dict key cannot have the shape {shape!r}")
+    return _shaped(shape, excluded)
 
 
 def grammar(arity: int, wrapper: str = "fence", depth: int = 2, shapes: tuple = ()) -> tuple:
@@ -197,12 +295,20 @@ def grammar(arity: int, wrapper: str = "fence", depth: int = 2, shapes: tuple = 
     # `test_func((x,))` is read as the call `test_func(x)` (`sandbox.args.parse_call_args`).
     if shapes and (len(shapes) != arity or wrapper == "call"):
         raise ValueError(f"shapes need one per argument ({arity}) and a 'fence' or 'input_line'")
-    args = [_value(depth, one_tuple=arity != 1 or wrapper != "call")] * arity
+    # Outside a fence a backtick would open one, and `<` a think block, for the parsers.
+    excluded = b"`<" if wrapper == "input_line" else b""
     if shapes:
-        args = [_shaped(shape) for shape in shapes]
-    inner = [args[0]] + [_seq(_SEP, a) for a in args[1:]] if args else []
-    trailing = [_lit(b",")] if arity == 1 and wrapper != "call" else []
-    call = _seq(_lit(b"("), *inner, *trailing, _lit(b")"))
+        args = [_spaced(_shaped(shape, excluded)) for shape in shapes]
+    else:
+        one_tuple = arity != 1 or wrapper != "call"
+        args = [_spaced(_value(depth, excluded, one_tuple))] * arity
+    if not args:
+        call = _seq(_token(b"("), _lit(b")"))
+    elif arity == 1 and wrapper != "call":
+        call = _seq(_token(b"("), args[0], _token(b","), _lit(b")"))
+    else:  # `test_func(x)` and `(x, y)`: a trailing comma allowed
+        rest = [_seq(_token(b","), a) for a in args[1:]]
+        call = _seq(_token(b"("), args[0], *rest, _opt(_token(b",")), _lit(b")"))
     if wrapper == "fence":
         return _seq(_lit(b"```\n"), call, _lit(b"\n```"))
     if wrapper == "input_line":
@@ -276,9 +382,20 @@ class ByteDFA:
             state = int(self.delta[state, self.byte_class[b]])
         return state
 
+    def accepts(self, data: bytes) -> bool:
+        """Whether the grammar matches all of `data`."""
+        end = self.walk(0, data)
+        return end >= 0 and bool(self.accepting[end])
 
-def _compile(expr, edges: list, eps: list) -> tuple[int, int]:
-    """Thompson construction of `expr` into `edges`/`eps`; returns (start, end)."""
+
+def _compile(expr, start: int, edges: list, eps: list) -> int:
+    """Adds `expr` to the NFA from state `start`; returns its end state.
+
+    `edges[s]` holds (byte mask, target) pairs, `eps[s]` the epsilon targets. A sequence
+    chains its parts and the parts of an alternative share its start, so only a byte set,
+    the end of an alternative and a star add states; a star gets a fresh state between
+    its iterations, from which nothing else leaves.
+    """
 
     def new() -> int:
         edges.append([])
@@ -286,33 +403,68 @@ def _compile(expr, edges: list, eps: list) -> tuple[int, int]:
         return len(edges) - 1
 
     kind, body = expr
-    start, end = new(), new()
     if kind == "set":
+        end = new()
         edges[start].append((body, end))
-    elif kind == "seq":
-        at = start
+        return end
+    if kind == "seq":
         for part in body:
-            s, e = _compile(part, edges, eps)
-            eps[at].append(s)
-            at = e
-        eps[at].append(end)
-    elif kind == "alt":
+            start = _compile(part, start, edges, eps)
+        return start
+    if kind == "alt":
+        end = new()
         for part in body:
-            s, e = _compile(part, edges, eps)
-            eps[start].append(s)
-            eps[e].append(end)
-    else:  # star
-        s, e = _compile(body, edges, eps)
-        eps[start] += [s, end]
-        eps[e] += [s, end]
-    return start, end
+            eps[_compile(part, start, edges, eps)].append(end)
+        return end
+    loop = new()  # star
+    eps[start].append(loop)
+    eps[_compile(body, loop, edges, eps)].append(loop)
+    return loop
+
+
+def _signatures(delta: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """[S, K + 1] each state's class and its successors' classes (-1: reject)."""
+    return np.column_stack([labels, np.where(delta >= 0, labels[np.maximum(delta, 0)], -1)])
+
+
+def _moore(delta: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """[S] class of each state in the coarsest partition that respects acceptance and steps.
+
+    Moore's refinement, with each state's signature hashed to one 64-bit word (a
+    wrapping dot product with random odd weights), so a round is one `np.unique` of
+    [S] words instead of a sort of [S, K + 1] rows. The result is checked exactly: the
+    states of a class must have the same signature. A hash collision that merged two
+    states would fail the check (the check passing proves the partition a congruence,
+    so the quotient accepts the same language); the rows are then refined unhashed.
+    """
+    weights = np.random.default_rng(0).integers(1, 2**63, delta.shape[1] + 1, dtype=np.uint64)
+    weights |= np.uint64(1)
+    labels = accepting.astype(np.int64)
+    count = len(np.unique(labels))
+    for _ in range(len(delta)):  # Moore needs at most S rounds
+        keys = _signatures(delta, labels).astype(np.uint64) @ weights
+        distinct, refined = np.unique(keys, return_inverse=True)
+        if len(distinct) == count:
+            break
+        labels, count = refined.reshape(-1), len(distinct)
+    signatures = _signatures(delta, labels)
+    first = np.unique(labels, return_index=True)[1]
+    if np.array_equal(signatures, signatures[first[labels]]):
+        return labels
+    labels = accepting.astype(np.int64)
+    while True:  # a collision: exact refinement
+        _, new = np.unique(_signatures(delta, labels), axis=0, return_inverse=True)
+        new = new.reshape(-1)
+        if len(np.unique(new)) == len(np.unique(labels)):
+            return labels
+        labels = new
 
 
 def compile_dfa(expr) -> ByteDFA:
     """Subset construction over byte classes, then Moore minimisation."""
-    edges: list = []
-    eps: list = []
-    start, accept = _compile(expr, edges, eps)
+    edges: list = [[]]
+    eps: list = [[]]
+    accept = _compile(expr, 0, edges, eps)
     masks = sorted({m for row in edges for m, _ in row})
     signatures = {}
     byte_class = np.zeros(256, np.int32)
@@ -320,27 +472,35 @@ def compile_dfa(expr) -> ByteDFA:
         key = tuple((m >> b) & 1 for m in masks)
         byte_class[b] = signatures.setdefault(key, len(signatures))
     reps = [int(np.flatnonzero(byte_class == k)[0]) for k in range(len(signatures))]
+    covers = {m: [k for k, b in enumerate(reps) if (m >> b) & 1] for m in masks}
+    closures: dict[frozenset, frozenset] = {}
 
     def closure(states) -> frozenset:
-        seen, todo = set(states), list(states)
-        while todo:
-            for t in eps[todo.pop()]:
-                if t not in seen:
-                    seen.add(t)
-                    todo.append(t)
-        return frozenset(seen)
+        key = frozenset(states)
+        if key not in closures:
+            seen, todo = set(key), list(key)
+            while todo:
+                for t in eps[todo.pop()]:
+                    if t not in seen:
+                        seen.add(t)
+                        todo.append(t)
+            closures[key] = frozenset(seen)
+        return closures[key]
 
-    first = closure([start])
+    first = closure([0])
     ids, order, rows = {first: 0}, [first], []
     while len(rows) < len(order):
-        current = order[len(rows)]
+        targets: list[list[int]] = [[] for _ in reps]
+        for s in order[len(rows)]:
+            for m, t in edges[s]:
+                for k in covers[m]:
+                    targets[k].append(t)
         row = []
-        for b in reps:
-            targets = [t for s in current for m, t in edges[s] if (m >> b) & 1]
-            if not targets:
+        for found in targets:
+            if not found:
                 row.append(-1)
                 continue
-            nxt = closure(targets)
+            nxt = closure(found)
             if nxt not in ids:
                 ids[nxt] = len(order)
                 order.append(nxt)
@@ -348,15 +508,7 @@ def compile_dfa(expr) -> ByteDFA:
         rows.append(row)
     delta = np.array(rows, np.int32)
     accepting = np.array([accept in s for s in order])
-    # Moore: refine by (accepting, classes of successors) until stable; -1 stays its own class.
-    labels = accepting.astype(np.int64)
-    while True:
-        succ = np.where(delta >= 0, labels[np.maximum(delta, 0)], -1)
-        _, new = np.unique(np.column_stack([labels, succ]), axis=0, return_inverse=True)
-        new = new.reshape(-1)
-        if len(np.unique(new)) == len(np.unique(labels)):
-            break
-        labels = new
+    labels = _moore(delta, accepting)
     # Renumber so the start state is 0.
     order_ = np.unique(labels, return_index=True)[1]
     classes = labels[np.sort(order_)]

@@ -46,8 +46,10 @@ def task_text(header: str, examples: Sequence[prompts.Observation]) -> str:
 class PrivilegedTeacher:
     """A policy that forwards conversations with the task's gold answer added.
 
+    A ``Policy`` itself (``complete`` and ``__call__``), over the wrapped one.
+
     Attributes:
-      policy: the wrapped policy (``policy(conversations) -> replies``).
+      policy: the wrapped ``pau_jax.policy.Policy``.
       show_code: whether the source is added besides the description.
       sent: the conversations last sent to the wrapped policy (for inspection).
     """
@@ -126,7 +128,18 @@ class PrivilegedTeacher:
             messages.insert(0, {"role": "system", "content": note})
         return messages
 
-    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[Any]:
+    def complete(
+        self,
+        conversations: Sequence[Sequence[dict]],
+        *,
+        answers: Sequence | None = None,
+        stop: Sequence[Sequence[str]] | None = None,
+    ) -> list[Any]:
         """The wrapped policy's replies to the privileged copies of the conversations."""
+        self.sent = [self.privileged(c) for c in conversations]
+        return self.policy.complete(self.sent, answers=answers, stop=stop)
+
+    def __call__(self, conversations: Sequence[Sequence[dict]]) -> list[str]:
+        """The wrapped policy's reply texts to the privileged copies of the conversations."""
         self.sent = [self.privileged(c) for c in conversations]
         return self.policy(self.sent)

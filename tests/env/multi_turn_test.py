@@ -111,7 +111,8 @@ class IdsPolicy:
     def __init__(self):
         self.seen = []
 
-    def __call__(self, conversations):
+    def complete(self, conversations, *, answers=None, stop=None):
+        del answers, stop
         out = []
         for conversation in conversations:
             self.seen.append(conversation)

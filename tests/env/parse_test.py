@@ -76,6 +76,26 @@ def test_strip_think_removes_blocks_and_open_tail():
     assert parse.strip_think("</think>answer") == "answer"
 
 
+def test_a_fence_is_code_whose_string_literals_may_hold_fences_and_think_tags():
+    reply = "<think>plan</think>```\n('```', '<think>', '</think>')\n```"
+    assert parse.strip_think(reply) == "```\n('```', '<think>', '</think>')\n```"
+    args = "('```', '<think>', '</think>')"
+    assert parse.extract_input(reply).args_text == args
+    assert parse.input_candidates(reply)[0] == args
+    # A quote that never closes (prose in a fence) leaves the first ``` as the end, as before.
+    prose = "```\n(1, 'a)```\nmore text\n```\n(2, 3)\n```"
+    assert parse.extract_input(prose).args_text == "(2, 3)"
+    assert parse.strip_think("```\nit's <think>x</think>\n```") == "```\nit's <think>x</think>\n```"
+    assert parse.strip_think("```\nno end <think>x") == "```\nno end"
+
+
+def test_a_call_inside_a_string_literal_is_no_call():
+    assert parse.input_candidates("```\n('f(1)',)\n```")[0] == "('f(1)',)"
+    call = "```python\ntest_func('test_func(1, 2)', [3])\n```"
+    assert parse.input_candidates(call)[0] == "'test_func(1, 2)', [3]"
+    assert parse.input_candidates("Try test_func('a') or f(2).") == ["2", "'a'"]
+
+
 def test_parse_description():
     assert parse.parse_description("<think>hmm</think>Description: adds one") == "adds one"
     assert parse.parse_description("adds one to x") == "adds one to x"

@@ -30,9 +30,13 @@ class ScriptedPolicy:
         self.stop_after = stop_after
         self.batch_sizes = []
 
-    def __call__(self, conversations):
+    def complete(self, conversations, *, answers=None, stop=None):
+        del answers, stop  # a script writes what it writes
         self.batch_sizes.append(len(conversations))
         return [self._reply(c[-1]["content"]) for c in conversations]
+
+    def __call__(self, conversations):
+        return self.complete(conversations)
 
     def _reply(self, content):
         task_id = next(
@@ -142,6 +146,34 @@ def test_duplicate_ids_rejected(specs, executor):
         )
 
 
+class RecordingPolicy(ScriptedPolicy):
+    """The scripted replies; records the answer shapes each call was given."""
+
+    def __init__(self):
+        super().__init__(stop_after=1)
+        self.answers = []
+
+    def complete(self, conversations, *, answers=None, stop=None):
+        self.answers.append(answers)
+        return super().complete(conversations, answers=answers, stop=stop)
+
+
+def test_every_policy_is_given_each_episodes_answer_shape(specs, executor):
+    policy = RecordingPolicy()  # not a LocalPolicy: the runner gives any policy the shapes
+    config = EpisodeConfig(call_budget=1)
+    finished = runner.run_episode_states(specs, policy, executor, config, progress=False)
+    assert len(policy.answers) == 3  # conceptualise, generate, revise: one call per round
+    assert all(len(a) == len(specs) for a in policy.answers)
+    assert policy.answers[0] == [None] * len(specs)  # nothing is asked of a plan's form
+    by_id = {f.spec.episode_id: f for f in finished}
+    for spec, shape in zip(specs, policy.answers[1], strict=True):  # the input phase
+        assert shape.kind == "input" and shape.arity == spec.task.n_params
+        state = episode.start(spec.task, config)
+        plan = by_id[spec.episode_id].state.steps[0].output
+        assert shape == episode.answer_shape(episode.on_conceptualize(state, plan, config), config)
+    assert [a.kind for a in policy.answers[2]] == ["decision"] * len(specs)
+
+
 def test_render_call_single_tuple_argument():
     assert episode.render_call(((1, 2),)) == "test_func((1, 2))"
 
@@ -152,7 +184,7 @@ class CompletionPolicy:
     def __init__(self):
         self.inner = ScriptedPolicy(stop_after=1)
 
-    def __call__(self, conversations):
+    def complete(self, conversations, *, answers=None, stop=None):
         return [
             Completion(
                 text=text,
@@ -163,7 +195,7 @@ class CompletionPolicy:
                 token_ids=tuple(range(len(text))),
                 logprobs=(-0.5,) * len(text),
             )
-            for text in self.inner(conversations)
+            for text in self.inner.complete(conversations, answers=answers, stop=stop)
         ]
 
 
@@ -226,8 +258,8 @@ def test_a_prompt_the_policy_refuses_as_too_long_ends_that_episode(specs, execut
     class Refusing(ScriptedPolicy):
         """Refuses the affine task's prompts once they show a call (too long)."""
 
-        def __call__(self, conversations):
-            texts = super().__call__(conversations)
+        def complete(self, conversations, *, answers=None, stop=None):
+            texts = super().complete(conversations, answers=answers, stop=stop)
             out = []
             for c, text in zip(conversations, texts):
                 content = c[-1]["content"]

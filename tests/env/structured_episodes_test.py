@@ -35,7 +35,7 @@ def _run(setup, structured):
     sampling = SamplingConfig(max_new_tokens=48, temperature=1.0, seed=3, structured=structured)
     policy = Seat("agent", LocalPolicy(model, tokenizer, sampling))
     specs = demo_tasks.demo_specs(executor, CONFIG)
-    finished = runner.run_episode_states(specs, policy.complete, executor, CONFIG, progress=False)
+    finished = runner.run_episode_states(specs, policy, executor, CONFIG, progress=False)
     return [(f.spec.task, s) for f in finished for s in f.state.steps]
 
 

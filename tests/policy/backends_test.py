@@ -1,6 +1,9 @@
 """The model seats: each backend config builds its policy, local seats share a checkpoint, 'self'."""
 
 import dataclasses
+import importlib
+import inspect
+import pkgutil
 import socket
 import subprocess
 import sys
@@ -8,6 +11,7 @@ import sys
 import checkpoints
 import pytest
 
+import pau_jax.policy
 from pau_jax.policy import backends, scripted
 from pau_jax.policy.config import SamplingConfig
 from pau_jax.policy.embeddings import HTTPEmbeddingConfig
@@ -98,8 +102,8 @@ class _Completing:
     def __call__(self, conversations):
         return ["text"] * len(conversations)
 
-    def complete(self, conversations):
-        return [f"completion of {len(c)}" for c in conversations]
+    def complete(self, conversations, *, answers=None, stop=None):
+        return [f"completion of {len(c)}, {answers}, {stop}" for c in conversations]
 
 
 def test_a_seat_names_its_failing_endpoint():
@@ -113,10 +117,50 @@ def test_a_seat_names_its_failing_endpoint():
     assert message.startswith(
         f"judge seat: endpoint {url}/chat/completions (model m) failed after 2 attempts: URLError"
     )
-    assert not hasattr(judge, "complete")  # the runner then calls the seat itself
-    # Other policies answer through their seat unchanged, `complete` included.
+    with pytest.raises(EndpointError, match="^judge seat: "):  # what the runner calls
+        judge.complete([[{"role": "user", "content": "Rate this."}]], answers=[None])
+    # Other policies answer through their seat unchanged, `complete`'s arguments included.
     agent = backends.Seat("agent", _Completing())
-    assert agent([[{}]]) == ["text"] and agent.complete([[{}, {}]]) == ["completion of 2"]
+    assert agent([[{}]]) == ["text"]
+    assert agent.complete([[{}, {}]]) == ["completion of 2, None, None"]
+    assert agent.complete([[{}]], answers=["a"], stop=[["s"]]) == [
+        "completion of 1, ['a'], [['s']]"
+    ]
+
+
+def _policy_classes() -> dict[str, type]:
+    """Every class of `pau_jax.policy`'s modules that answers `conversations` (`__call__`)."""
+    found = {}
+    for info in pkgutil.iter_modules(pau_jax.policy.__path__):
+        module = importlib.import_module(f"pau_jax.policy.{info.name}")
+        for name, cls in vars(module).items():
+            if not inspect.isclass(cls) or cls.__module__ != module.__name__ or name[0] == "_":
+                continue
+            call = inspect.getattr_static(cls, "__call__", None)
+            if inspect.isfunction(call) and list(inspect.signature(call).parameters)[1:2] == [
+                "conversations"
+            ]:
+                found[f"{info.name}.{name}"] = cls
+    return found
+
+
+def test_every_policy_has_complete_with_answers_and_stop():
+    classes = _policy_classes()
+    expected = {"local.LocalPolicy", "http.HTTPPolicy", "backends.Seat", "scripted.OraclePolicy"}
+    assert expected <= set(classes), sorted(classes)
+    assert {"scripted.RandomProber", "scripted.ScriptedCoder", "scripted.OverlapJudge"} <= set(
+        classes
+    )
+    for name, cls in classes.items():
+        assert inspect.isfunction(getattr(cls, "complete", None)), f"{name} has no complete"
+        params = inspect.signature(cls.complete).parameters
+        assert list(params)[:2] == ["self", "conversations"], name
+        for keyword in ("answers", "stop"):
+            assert params[keyword].kind is inspect.Parameter.KEYWORD_ONLY, (name, keyword)
+            assert params[keyword].default is None, (name, keyword)
+        # Anything else a policy takes is optional: `complete(conversations)` always works.
+        rest = [p for k, p in params.items() if k not in ("self", "conversations")]
+        assert all(p.default is not inspect.Parameter.empty for p in rest), name
 
 
 def test_the_embedder_seat_names_its_failing_endpoint():

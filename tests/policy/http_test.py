@@ -216,6 +216,20 @@ def test_only_role_and_content_are_sent(faulty):
     assert body["messages"] == [{"role": m["role"], "content": m["content"]} for m in conversation]
 
 
+def test_complete_sends_each_rows_stop_strings_and_ignores_answers(faulty):
+    client = _client(faulty, stop=("END",), max_concurrency=1)
+    conversations = CONVERSATIONS[:2]
+    replies = client.complete(conversations, answers=["shape", None], stop=[["\n\n", "END"], []])
+    assert replies == ["fine", "fine"]
+    first, second = FaultyHandler.bodies
+    assert first["stop"] == ["END", "\n\n"] and second["stop"] == ["END"]
+    assert set(first) == set(second)  # answer shapes are not sent
+    assert _client(faulty).complete(conversations[:1]) == ["fine"]
+    assert "stop" not in FaultyHandler.bodies[-1]
+    with pytest.raises(ValueError, match="stop has 1 entries for 2 conversations"):
+        client.complete(conversations, stop=[["x"]])
+
+
 def test_faults_are_retried(faulty):
     FaultyHandler.script = ["500", "bad_json", "sleep", "503"]
     client = _client(faulty, max_retries=4, max_concurrency=1)

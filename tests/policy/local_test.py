@@ -1,5 +1,7 @@
 """LocalPolicy.complete: prompt ids, sampled ids and log-probs at the sampling temperature."""
 
+import sys
+
 import checkpoints
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +9,7 @@ import pytest
 from flax import nnx
 
 from pau_jax.models import qwen3
+from pau_jax.policy import local
 from pau_jax.policy.config import SamplingConfig
 from pau_jax.policy.local import LocalPolicy
 from pau_jax.sampling import generate, sampler
@@ -176,3 +179,15 @@ def test_bad_sampling_settings_fail_with_a_clear_message(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     with pytest.raises(ValueError, match="one per conversation"):
         LocalPolicy(model, tokenizer).complete(CONVERSATIONS, repetition_penalties=[1.2])
+
+
+def test_masked_inputs_bound_their_tokens_so_every_reply_is_readable():
+    # 512 tokens of at most 19 bytes and 8 digits: within the parser's 10,000 characters
+    # and Python's 4,300 int digits.
+    assert local._input_bounds(512) == {"max_piece_bytes": 19, "max_piece_digits": 8}
+    for budget in (1, 48, 512, 4300):
+        bounds = local._input_bounds(budget)
+        assert budget * bounds["max_piece_bytes"] <= local.MAX_CHARS  # the parser's limit
+        assert budget * bounds["max_piece_digits"] <= sys.get_int_max_str_digits()
+    with pytest.raises(ValueError, match="structured inputs need max_new_tokens <= 4300"):
+        local._input_bounds(4301)

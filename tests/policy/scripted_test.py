@@ -130,3 +130,12 @@ def test_overlap_judge_rates_by_words():
         [("Counts the vowels in a string.", "Counts the vowels in a string."), ("adds", "sorts")],
     )
     assert [r.score for r in out] == [5, 1]
+
+
+def test_complete_cuts_at_stop_strings_and_ignores_answer_shapes():
+    coder = scripted.ScriptedCoder()
+    messages = code_match.coder_messages("def test_func(arg0):", "```python\nreturn 1\n```")
+    (full,) = coder([messages])
+    assert coder.complete([messages], answers=[episode.AnswerShape("decision")]) == [full]
+    cut = coder.complete([messages, messages], stop=[["return", "\n"], []])
+    assert cut == ["```python", full]  # before the first of the strings

@@ -61,18 +61,24 @@ def check_episode(policy, replies, conversations):
         assert conversation[-1]["content"] in text
 
 
+class Recording:
+    """The policy, recording every conversation `complete` is given."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.seen = []
+
+    def complete(self, conversations, *, answers=None, stop=None):
+        self.seen.extend(conversations)
+        return self.policy.complete(conversations, answers=answers, stop=stop)
+
+
 def _run(policy, config, n_tasks=2):
-    seen = []
-
-    def actor(conversations, answers=None):
-        del answers
-        seen.extend(conversations)
-        return policy.complete(conversations)
-
+    actor = Recording(policy)
     with Executor(workers=2) as ex:
         specs = demo_tasks.demo_specs(ex, config)[:n_tasks]
         finished = runner.run_episode_states(specs, actor, ex, config, progress=False)
-    return finished, seen
+    return finished, actor.seen
 
 
 def test_every_prompt_extends_the_previous_prompt_and_reply_by_ids(policy):

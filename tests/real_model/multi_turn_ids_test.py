@@ -40,18 +40,24 @@ def policy(request):
     return LocalPolicy(model, load_tokenizer(path), sampling)
 
 
+class Recording:
+    """The policy, recording every conversation `complete` is given."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.seen = []
+
+    def complete(self, conversations, *, answers=None, stop=None):
+        self.seen.extend(conversations)
+        return self.policy.complete(conversations, answers=answers, stop=stop)
+
+
 def _episode(policy):
-    seen = []
-
-    def actor(conversations, answers=None):
-        del answers
-        seen.extend(conversations)
-        return policy.complete(conversations)
-
+    actor = Recording(policy)
     with Executor(workers=1) as ex:
         spec = demo_tasks.demo_specs(ex, MULTI)[0]
         (finished,) = runner.run_episode_states([spec], actor, ex, MULTI, progress=False)
-    return finished.replies, seen
+    return finished.replies, actor.seen
 
 
 def test_prompts_are_token_prefixes_and_appended_ids_decode_to_the_template(policy):

@@ -35,7 +35,7 @@ class ScriptedActor:
     def __init__(self):
         self.calls = 0
 
-    def __call__(self, conversations):
+    def complete(self, conversations, *, answers=None, stop=None):
         self.calls += 1
         out = []
         for row, conversation in enumerate(conversations):
@@ -171,11 +171,12 @@ def test_intermediate_reward_reaches_advantages_only_under_return_to_go(
 
 
 def test_actor_without_tokens_is_a_clear_error(tasks, executor):
-    def texts_only(conversations):
-        return [c.text for c in ScriptedActor()(conversations)]
+    class TextsOnly(ScriptedActor):
+        def complete(self, conversations, *, answers=None, stop=None):
+            return [c.text for c in super().complete(conversations)]
 
     with pytest.raises(ValueError, match="no prompt_ids"):
-        _collect(tasks, executor, critic_policy(9, 0), credit.return_to_go, actor=texts_only)
+        _collect(tasks, executor, critic_policy(9, 0), credit.return_to_go, actor=TextsOnly())
 
 
 def test_mismatched_t_max_is_rejected(tasks, executor):
@@ -203,8 +204,8 @@ def test_a_group_of_one_is_refused():
 class ChainActor(ScriptedActor):
     """Like ScriptedActor, but each prompt extends the last prompt and reply by ids."""
 
-    def __call__(self, conversations):
-        out = super().__call__(conversations)
+    def complete(self, conversations, *, answers=None, stop=None):
+        out = super().complete(conversations)
         for row, conversation in enumerate(conversations):
             found = turns.last_tokens(conversation)
             new = _ids(conversation[-1]["content"])

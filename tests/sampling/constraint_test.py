@@ -120,8 +120,11 @@ def _args_text(text: str, wrapper: str) -> str:
 
 def _check_reply(text: str, arity: int, wrapper: str) -> None:
     args_text = _args_text(text, wrapper)
-    value = ast.literal_eval(args_text)
-    expected = value if arity != 1 or wrapper != "call" else (value,)
+    if wrapper == "call":  # the call's arguments, each a literal
+        call = ast.parse("f" + args_text, mode="eval").body
+        expected = tuple(ast.literal_eval(a) for a in call.args)
+    else:
+        expected = ast.literal_eval(args_text)
     assert isinstance(expected, tuple) and len(expected) == arity, text
     lenient = parse.input_candidates(text)
     assert lenient and parse_call_args(lenient[0], arity) == expected, (text, lenient)
@@ -152,6 +155,25 @@ def test_random_walks_parse_with_the_right_arity(arity, wrapper, rows):
     assert len(set(texts)) > rows // 2  # the walks explore
 
 
+def test_bounded_tokens_keep_a_reply_within_its_bytes_and_digits():
+    bounded = constraint.Component("input", arity=2, max_piece_bytes=2, max_piece_digits=1)
+    a = constraint.build_components(VOCAB, [STOP], [bounded], vocab_size=VOCAB_SIZE)
+    classes = np.asarray(a.token_class)
+    never = [i for i, p in enumerate(VOCAB) if p and (len(p) > 2 or p == b"12")]
+    assert b"```\n" in [VOCAB[i] for i in never] and all(classes[never] == 0)
+    a = jax.device_put(a)
+    finish = jnp.asarray(_finish_tokens(a))
+    budgets = jnp.asarray(np.random.default_rng(5).integers(0, 60, 64), jnp.int32)
+    tokens, done = _walk(a, finish, budgets, jax.random.key(5), STOP, steps=200)
+    assert bool(done.all())
+    for row in np.asarray(tokens):
+        kept = [t for t in row if t >= 0 and t != STOP]
+        assert all(len(VOCAB[t]) <= 2 and VOCAB[t] != b"12" for t in kept)
+        _check_reply(_text(row), 2, "fence")  # a reply of n tokens: at most 2n bytes
+    with pytest.raises(ValueError, match="only an 'input' component"):
+        constraint.Component("decision", max_piece_bytes=3)
+
+
 def test_arity_zero_and_rejected_replies():
     dfa = input_grammar.compile_dfa(input_grammar.grammar(0))
     assert dfa.accepting[dfa.walk(0, b"```\n()\n```")]
@@ -159,12 +181,12 @@ def test_arity_zero_and_rejected_replies():
     for bad in [
         b"```\n(1)\n```",
         b"```\n(1, 2, 3)\n```",
-        b"```\n('f(x)', 1)\n```",
         b"```\n(01, 1)\n```",
     ]:
         end = dfa.walk(0, bad)
         assert end < 0 or not dfa.accepting[end], bad
     assert dfa.accepting[dfa.walk(0, b"```\n({1: [2.5e-3, b'x']}, ('(a)', '1 < 2'))\n```")]
+    assert dfa.accepts(b"```\n('f(x)', 1)\n```")  # the parsers read a literal as a literal
 
 
 def _host_live(dfa) -> np.ndarray:

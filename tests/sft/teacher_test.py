@@ -22,9 +22,12 @@ class Recorder:
         self.seen: list[list[dict]] = []
         self.prober = RandomProber(seed=1)
 
-    def __call__(self, conversations):
+    def complete(self, conversations, *, answers=None, stop=None):
         self.seen.extend(conversations)
-        return self.prober(conversations)
+        return self.prober.complete(conversations, answers=answers, stop=stop)
+
+    def __call__(self, conversations):
+        return self.complete(conversations)
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +118,21 @@ def test_sft_pairs_from_teacher_records_hold_the_unprivileged_prompt(specs):
         prompt = tokenizer.decode(pair.prompt_ids)
         assert "Privileged information" not in prompt
         assert "Function header" in prompt
+
+
+def test_the_teacher_passes_answer_shapes_and_stop_strings_to_the_wrapped_policy(specs):
+    specs, _ = specs
+    seen = []
+
+    class Shapes:
+        def complete(self, conversations, *, answers=None, stop=None):
+            seen.append((conversations, answers, stop))
+            return ["reply"] * len(conversations)
+
+    policy = PrivilegedTeacher(Shapes(), specs, _references(specs))
+    conversation = episode.messages(episode.start(specs[0].task, EpisodeConfig()), EpisodeConfig())
+    shape = episode.AnswerShape("decision")
+    assert policy.complete([conversation], answers=[shape], stop=[["END"]]) == ["reply"]
+    ((sent,), answers, stop) = seen[0]
+    assert answers == [shape] and stop == [["END"]]
+    assert "Privileged information" in sent[0]["content"] and sent == policy.sent[0]

@@ -9,9 +9,7 @@ def run(context: Context) -> ModeRun:
     options = context.options
     runner.run_episodes(
         context.specs,
-        # Reply objects (token counts, finish reasons) when the backend has them:
-        # a prompt over SamplingConfig.max_prompt_tokens then ends its episode.
-        getattr(context.agent, "complete", context.agent),
+        context.agent,
         context.executor,
         options.episode_config,
         out_path=episodes_path(context, "interactive"),
