@@ -15,6 +15,13 @@ and a rerun refused for other settings (`run_claim`) leaves the records as they 
 A mistake in the configuration or the input (a misspelled name, a required seat left
 unset, a missing checkpoint or dataset) stops the run with a short message on stderr
 and exit status 1; `--traceback` (or PAU_TRACEBACK=1) shows the full traceback instead.
+
+Ctrl-C (SIGINT) stops the run: the code running is interrupted and the run's context
+managers close its files (checkpoints and records are written as the run goes), then
+one line on stderr says what the run directory keeps and how to resume, and the exit
+status is 130. A run that has not stopped `STOP_GRACE_S` seconds later (a request to a
+hanging endpoint, a long XLA computation), or a second Ctrl-C, exits at once with the
+same line: what is on disk is whole either way (atomic writes, orbax's renames).
 """
 
 import contextlib
@@ -24,8 +31,11 @@ import logging as std_logging
 import os
 import pathlib
 import platform
+import select
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 from absl import app, flags, logging
@@ -53,7 +63,8 @@ _DRY_RUN = flags.DEFINE_bool(
     "dry_run",
     False,
     "Parse the configuration, print it, check that the required seats and values are set "
-    "(nothing is loaded) and exit; non-zero when something is missing.",
+    "and that the checkpoints and dataset splits the run reads are there (nothing is "
+    "loaded) and exit; non-zero, with one line per problem, when something is missing.",
 )
 _TRACEBACK = flags.DEFINE_bool(
     "traceback",
@@ -69,6 +80,11 @@ _COMPILATION_CACHE = flags.DEFINE_string(
 )
 
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
+
+# Seconds a run has to stop after the first Ctrl-C before the process exits anyway.
+STOP_GRACE_S = 5.0
+# The exit status of an interrupted run (128 + SIGINT, as a shell reports one).
+INTERRUPTED_STATUS = 130
 
 
 def _split_gin_dot_flags(argv):
@@ -169,8 +185,9 @@ def parse_config(gin_files, bindings) -> None:
     """Parses and finalizes gin files (named as for --gin_file) and then bindings, in order.
 
     Raises:
-      config_check.ConfigError: a name that matches nothing, a syntax error, or a
-        command-line binding that changes nothing (a macro no binding uses).
+      config_check.ConfigError: a name that matches nothing, a syntax error, a
+        command-line binding or one in the user's own gin files that changes nothing
+        (a macro no binding uses), or a macro used in the user's files but never set.
     """
     import tokenize
 
@@ -185,10 +202,29 @@ def parse_config(gin_files, bindings) -> None:
             _SEARCH_PATHS.append(path)
     files = [_resolve_gin_file(f) for f in gin_files]
     try:
-        gin.parse_config_files_and_bindings(files, bindings, finalize_config=True)
+        gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
     except (ValueError, SyntaxError, tokenize.TokenError) as e:
         raise config_check.ConfigError(config_check.explain(e)) from e
+    # The user's own files are checked before gin finalizes, which would report a macro
+    # that is never set without saying where it is used.
+    config_check.check_gin_files([f for f in files if not _shipped(f)], _user_include)
+    try:
+        gin.finalize()
+    except ValueError as e:
+        raise config_check.ConfigError(config_check.explain(e)) from e
     config_check.check_command_line(bindings)
+
+
+def _shipped(path: str) -> bool:
+    return pathlib.Path(path).resolve().is_relative_to(GIN_DIR)
+
+
+def _user_include(name: str) -> str | None:
+    """The user's file that `include 'name'` reads (as gin finds it), None for a shipped one."""
+    for candidate in (pathlib.Path(name), GIN_DIR / name):
+        if candidate.is_file():
+            return None if _shipped(str(candidate)) else str(candidate)
+    return None
 
 
 def _drop_include_probe_errors(record) -> bool:
@@ -245,9 +281,85 @@ def _report(error: BaseException) -> None:
         print("(--traceback or PAU_TRACEBACK=1 shows where it was raised)", file=sys.stderr)
 
 
+# The run directory of the run in progress (None before it is chosen), for the Ctrl-C line.
+_RUN: dict[str, pathlib.Path | None] = {"dir": None}
+_INTERRUPT_REPORTED = threading.Lock()
+
+
+def _saved(run_dir: pathlib.Path) -> str:
+    """What `run_dir` keeps that a rerun resumes from, in words."""
+    kept = []
+    for folder in sorted(run_dir.glob("**/checkpoints")):
+        steps = [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
+        if steps:
+            kept.append(f"the checkpoint of step {max(steps)} ({folder})")
+    episodes = 0
+    for path in run_dir.glob("**/*episodes.jsonl"):
+        with path.open("rb") as f:
+            episodes += sum(1 for line in f if line.strip())
+    if episodes:
+        kept.append(f"{episodes} finished episode records")
+    return f"{run_dir} keeps " + (" and ".join(kept) or "no finished step or episode yet")
+
+
+def _report_interrupt() -> None:
+    """Writes the one line of an interrupted run (once, whichever thread gets here first)."""
+    if not _INTERRUPT_REPORTED.acquire(blocking=False):
+        return
+    run_dir = _RUN["dir"]
+    if run_dir is None:
+        line = "interrupted before the run started; nothing was written"
+    else:
+        again = "" if _RUN_DIR.value else f" with --run_dir={run_dir}"
+        line = f"interrupted: {_saved(run_dir)}; rerun the same command{again} to resume"
+    sys.stdout.flush()
+    print(line, file=sys.stderr, flush=True)
+
+
+def _exit_interrupted() -> None:
+    """Exits at once with the interrupted run's line and status."""
+    _report_interrupt()
+    os._exit(INTERRUPTED_STATUS)
+
+
+def _on_interrupt(signum, frame) -> None:
+    """The first Ctrl-C: KeyboardInterrupt in the running code (later ones: `_watch_interrupts`)."""
+    signal.signal(signal.SIGINT, lambda *_: None)
+    raise KeyboardInterrupt
+
+
+def _watch_interrupts() -> None:
+    """Starts the thread that exits `STOP_GRACE_S` after the first Ctrl-C, or at the second.
+
+    Python runs a signal handler only when the main thread is back in Python code; the
+    signal's byte on the wakeup fd reaches this thread at once, even while the main
+    thread waits inside a computation or on a hung request.
+    """
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+
+    def watch():
+        while signal.SIGINT not in os.read(read, 64):
+            pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([read], [], [], left)[0] and signal.SIGINT in os.read(read, 64):
+                break
+        _exit_interrupted()
+
+    threading.Thread(target=watch, name="interrupt-watch", daemon=True).start()
+
+
 def main(argv):
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # Not ignored (nohup, &).
+        signal.signal(signal.SIGINT, _on_interrupt)
+        _watch_interrupts()
     try:
         _main(argv)
+    except KeyboardInterrupt:
+        _report_interrupt()
+        sys.exit(INTERRUPTED_STATUS)
     except Exception as e:  # Re-raised unless it is a configuration or input error.
         if _TRACEBACK.value or not _is_user_error(e):
             raise
@@ -275,9 +387,10 @@ def _main(argv):
     entry_name = experiment.entry_name(mode)
     if _DRY_RUN.value:
         print(gin.config_str(), flush=True)
-        missing = config_check.missing_required(mode, entry_name)
-        if missing:
-            raise config_check.ConfigError(f"{mode} run: not set: {'; '.join(missing)}")
+        problems = [f"not set: {m}" for m in config_check.missing_required(mode, entry_name)]
+        problems += config_check.missing_inputs(mode, entry_name)
+        if problems:
+            raise config_check.ConfigError("\n".join(f"{mode} run: {p}" for p in problems))
         return
     enable_compilation_cache(_COMPILATION_CACHE.value)
     # A multi-process run (explicit PAU_* variables, SLURM, a TPU pod) joins up before any
@@ -287,6 +400,7 @@ def _main(argv):
     if parallel.initialize_distributed() and _RUN_DIR.value is None:
         raise app.UsageError("a multi-process run needs --run_dir (the same on every process)")
     primary = parallel.is_primary()
+    _RUN["dir"] = run_dir
     with contextlib.ExitStack() as stack:
         if primary:
             _make_run_dir(run_dir)

@@ -23,6 +23,10 @@ LOCAL_AGENT = (
 )
 
 
+_checkpoint = launching.checkpoint_folder
+_built = launching.built_dataset
+
+
 def _short(proc: subprocess.CompletedProcess, max_lines: int = 3) -> str:
     """The stderr of a failed launch, checked to be a short message without a traceback."""
     assert proc.returncode != 0, proc.stdout[-2000:]
@@ -82,6 +86,55 @@ def test_unknown_parameter_in_a_gin_file_names_the_file_and_line(tmp_path):
     assert "mine.gin, line 2: pau_jax.experiment.evaluate.sandbox_worker = 2" in err
 
 
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("pau_jax.training.run.ActorConfig.checkpoint = %CHEKPOINT",
+         "mine.gin, line 3: %CHEKPOINT is never set (did you mean %CHECKPOINT?)"),
+        ("CHEKPOINT = '/ckpt'",
+         "mine.gin, line 3: CHEKPOINT sets a macro that no binding uses (did you mean CHECKPOINT?)"),
+        ("rollot/pau_jax.policy.config.SamplingConfig.max_new_tokens = 8",
+         "mine.gin, line 3: rollot/pau_jax.policy.config.SamplingConfig.max_new_tokens binds in "
+         "scope 'rollot', which no reference enters (did you mean 'rollout'?)"),
+    ],
+)  # fmt: skip
+def test_a_typo_in_a_users_gin_file_is_one_line_naming_file_and_line(line, expected, tmp_path):
+    (tmp_path / "mine.gin").write_text(
+        f"include 'aac.gin'\ninclude 'debug/local_tiny.gin'\n{line}\n"
+    )
+    err = _short(launching.launch("--gin_file=mine.gin", "--dry_run", cwd=tmp_path), max_lines=1)
+    assert err == f"error: {expected}\n"
+
+
+def test_typos_in_a_users_included_file_are_found_one_line_each(tmp_path):
+    (tmp_path / "base.gin").write_text(
+        "include 'aac.gin'\n"
+        "# a comment\n"
+        "pau_jax.rl.critic.CriticConfig.privileged = (\n"
+        "    %PRIVILEGD)\n"
+        "SEDE = 1\n"
+    )
+    (tmp_path / "mine.gin").write_text("include 'base.gin'\ninclude 'debug/local_tiny.gin'\n")
+    err = _short(launching.launch("--gin_file=mine.gin", "--dry_run", cwd=tmp_path), max_lines=2)
+    assert err.splitlines() == [
+        "error: base.gin, line 4: %PRIVILEGD is never set",
+        "base.gin, line 5: SEDE sets a macro that no binding uses (did you mean SEED?)",
+    ]
+
+
+def test_a_users_gin_file_without_typos_passes(tmp_path):
+    (tmp_path / "mine.gin").write_text(
+        "include 'aac.gin'\ninclude 'debug/local_tiny.gin'\n"
+        "T_MAX = 4  # a comment with %NOT_A_MACRO\n"
+        "rollout/pau_jax.policy.config.SamplingConfig.temperature = %TEMPERATURE\n"
+        "pau_jax.experiment.train.steps = %gin.REQUIRED\n"
+        "pau_jax.experiment.train.steps = 3\n"
+        "pau_jax.rl.critic.CriticConfig.privileged = '100%DONE'\n"
+    )
+    proc = launching.launch("--gin_file=mine.gin", "--dry_run", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
 # --dry_run checks what the run mode requires.
 
 
@@ -95,16 +148,18 @@ def test_dry_run_refuses_a_missing_seat_in_one_line(tmp_path):
 
 
 def test_dry_run_names_the_required_macros_of_a_template(tmp_path):
-    err = _short(launching.launch("--gin_file=eval/interactive.gin", "--dry_run", cwd=tmp_path), 1)
-    for flag in ("--gin.JUDGE", "--gin.CODER", "--gin.CHECKPOINT"):
-        assert flag in err, flag
+    data = f"--gin.DATA_DIR='{_built(tmp_path / 'tfds')}'"
+    args = ("--gin_file=eval/interactive.gin", data, "--dry_run")
+    err = _short(launching.launch(*args, cwd=tmp_path), max_lines=3)
+    for line, flag in zip(err.splitlines(), ("--gin.JUDGE", "--gin.CODER", "--gin.CHECKPOINT")):
+        assert flag in line, (flag, err)
     # A judge on a local checkpoint needs the judge's checkpoint too; nothing is loaded.
     proc = launching.launch(
         "--gin_file=eval/interactive.gin",
-        "--gin.CHECKPOINT='/no/such/checkpoint'",
+        f"--gin.CHECKPOINT='{_checkpoint(tmp_path / 'ckpt')}'",
         "--gin.JUDGE=@judge/pau_jax.policy.backends.LocalBackendConfig()",
         "--gin.CODER='self'",
-        "--dry_run",
+        *args[1:],
         cwd=tmp_path,
     )
     err = _short(proc, max_lines=1)
@@ -114,25 +169,99 @@ def test_dry_run_names_the_required_macros_of_a_template(tmp_path):
 
 def test_dry_run_refuses_a_missing_distillation_teacher(tmp_path):
     files = ("--gin_file=aac.gin", "--gin_file=ablations/distill.gin")
-    err = _short(launching.launch(*files, "--dry_run", cwd=tmp_path), max_lines=1)
+    inputs = (f"--gin.CHECKPOINT='{_checkpoint(tmp_path / 'ckpt')}'",
+              f"--gin.DATA_DIR='{_built(tmp_path / 'tfds')}'")  # fmt: skip
+    err = _short(launching.launch(*files, *inputs, "--dry_run", cwd=tmp_path), max_lines=1)
     assert "distill.teacher (set --gin.TEACHER" in err
 
 
 @pytest.mark.parametrize(
     "args",
     [
-        ("--gin_file=eval/interactive.gin", "--gin.CHECKPOINT='/no/such/checkpoint'",
-         "--gin.JUDGE='self'", "--gin.CODER='self'"),
-        ("--gin_file=eval/gold.gin", "--gin.CHECKPOINT='/no/such/checkpoint'",
-         "--gin.CODER='self'"),
+        ("--gin_file=eval/interactive.gin", "--gin.CHECKPOINT='{ckpt}'",
+         "--gin.JUDGE='self'", "--gin.CODER='self'", "--gin.DATA_DIR='{tfds}'"),
+        ("--gin_file=eval/gold.gin", "--gin.CHECKPOINT='{ckpt}'",
+         "--gin.CODER='self'", "--gin.DATA_DIR='{tfds}'"),
         TINY,
-        ("--gin_file=aac.gin", "--gin_file=ablations/distill.gin", "--gin.TEACHER='self'"),
+        ("--gin_file=aac.gin", "--gin_file=ablations/distill.gin", "--gin.TEACHER='self'",
+         "--gin.CHECKPOINT='{ckpt}'", "--gin.DATA_DIR='{tfds}'"),
+        ("--gin_file=aac.gin", "--gin.CHECKPOINT='{ckpt}'", "--gin.DATA_DIR='{tfds}'"),
+        ("--gin_file=aac.gin", "--gin_file=debug/local_tiny.gin"),
+        ("--gin_file=quickstart.gin", "--gin.DATA_DIR='{tmp}/nothing_built_yet'"),
     ],
 )  # fmt: skip
 def test_dry_run_passes_when_everything_required_is_set(args, tmp_path):
+    paths = {"ckpt": _checkpoint(tmp_path / "ckpt"), "tfds": _built(tmp_path / "tfds")}
+    args = [a.format(tmp=tmp_path, **paths) for a in args]
     proc = launching.launch(*args, "--dry_run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr == ""
+
+
+# --dry_run checks what the run reads: checkpoints, adapters, dataset splits.
+
+
+def test_dry_run_of_aac_without_a_checkpoint_or_a_built_split_fails_one_line_each(tmp_path):
+    proc = launching.launch(
+        "--gin_file=aac.gin", f"--gin.DATA_DIR='{tmp_path}/tfds'", "--dry_run", cwd=tmp_path
+    )
+    first, second = _short(proc, max_lines=2).splitlines()
+    assert first.startswith("error: train run: the actor has no checkpoint (set --gin.CHECKPOINT:")
+    assert second.startswith(f"train run: pau/default is not built under {tmp_path}/tfds;")
+    assert "train.steps = None" in proc.stdout  # The configuration is still printed.
+
+
+def _cut_short(folder: pathlib.Path) -> None:
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+
+
+@pytest.mark.parametrize(
+    "case, damage, expected",
+    [
+        ("missing", lambda f: f.rename(f.with_name("elsewhere")), "checkpoint {ckpt} is not a directory"),
+        ("no config", lambda f: (f / "config.json").unlink(), "checkpoint {ckpt} has no config.json"),
+        ("bad config", lambda f: (f / "config.json").write_text("{"), "{ckpt}/config.json is not valid JSON"),
+        ("no weights", lambda f: (f / "model.safetensors").unlink(), "{ckpt} holds no *.safetensors"),
+        ("cut short", _cut_short, "{ckpt}/model.safetensors is cut short"),
+        ("zeroed", lambda f: (f / "model.safetensors").write_bytes(bytes(200)),
+         "{ckpt}/model.safetensors is cut short or not a safetensors file"),
+    ],
+)  # fmt: skip
+def test_dry_run_refuses_a_checkpoint_that_would_not_load(case, damage, expected, tmp_path):
+    ckpt = _checkpoint(tmp_path / "ckpt")
+    damage(ckpt)
+    args = (
+        "--gin_file=aac.gin",
+        f"--gin.CHECKPOINT='{ckpt}'",
+        f"--gin.DATA_DIR='{_built(tmp_path / 'tfds')}'",
+    )
+    err = _short(launching.launch(*args, "--dry_run", cwd=tmp_path), max_lines=1)
+    assert err.startswith("error: train run: "), case
+    assert expected.format(ckpt=ckpt) in err, case
+
+
+def test_dry_run_checks_every_seat_checkpoint_adapter_and_split(tmp_path):
+    ckpt = _checkpoint(tmp_path / "ckpt")
+    proc = launching.launch(
+        "--gin_file=eval/interactive.gin",
+        f"--gin.CHECKPOINT='{ckpt}'",
+        f"--gin.ADAPTER='{tmp_path}/no_adapter'",
+        "--gin.JUDGE=@judge/pau_jax.policy.backends.LocalBackendConfig()",
+        f"--gin.JUDGE_CHECKPOINT='{tmp_path}/no_judge'",
+        "--gin.CODER='self'",
+        f"--gin.DATA_DIR='{_built(tmp_path / 'tfds', splits=('train',))}'",
+        "--dry_run",
+        cwd=tmp_path,
+    )
+    lines = _short(proc, max_lines=3).removeprefix("error: ").splitlines()
+    assert sorted(lines) == sorted(
+        [
+            f"eval run: adapter {tmp_path}/no_adapter has no adapter_config.json (not a PEFT adapter folder)",
+            f"eval run: checkpoint {tmp_path}/no_judge is not a directory",
+            f"eval run: pau/default under {tmp_path}/tfds has no split 'test' (it has ['train'])",
+        ]
+    )
 
 
 # Errors in the input: the message, not the traceback.

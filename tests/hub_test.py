@@ -1,5 +1,6 @@
 """Checkpoints named by a Hugging Face repo id: resolved from a prepared local hub cache, offline."""
 
+import json
 import pathlib
 
 import pytest
@@ -76,3 +77,48 @@ def test_a_repo_id_loads_as_a_checkpoint(offline_cache, tmp_path):
     model, loaded = models.load_hf("acme/tiny-qwen3")
     assert loaded == config
     assert model.config == config
+
+
+# What the launcher's --dry_run asks of every checkpoint: would it load?
+
+
+def _weights(path: pathlib.Path) -> None:
+    import numpy as np
+    import safetensors.numpy
+
+    safetensors.numpy.save_file({"w": np.ones((3, 5), np.float32)}, str(path))
+
+
+def test_a_whole_checkpoint_has_no_problem_and_a_sharded_one_needs_every_shard(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    _weights(folder / "model-00001-of-00002.safetensors")
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert hub.checkpoint_problem(folder) is None
+    index["weight_map"]["b"] = "model-00002-of-00002.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert hub.checkpoint_problem(folder) == (
+        f"checkpoint {folder} lacks model-00002-of-00002.safetensors, named by its index"
+    )
+
+
+def test_weights_cut_short_or_zeroed_are_not_whole(tmp_path):
+    path = tmp_path / "model.safetensors"
+    _weights(path)
+    data = path.read_bytes()
+    assert hub.whole_safetensors(path)
+    garbage = b"\xff" * len(data)  # a header length of 2**64 - 1
+    for broken in (data[:-1], bytes(len(data)), data[:5], data + b"x", garbage):
+        path.write_bytes(broken)
+        assert not hub.whole_safetensors(path)
+
+
+def test_a_repo_id_is_checked_in_the_cache_only_offline(offline_cache, monkeypatch):
+    problem = hub.checkpoint_problem("acme/not-there")
+    assert "acme/not-there is not a directory and not in the Hugging Face cache" in problem
+    _cache_with(offline_cache, "acme/cached", {"config.json": "{}"})
+    assert "holds no *.safetensors weights" in hub.checkpoint_problem("acme/cached")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # Downloaded when the run starts.
+    assert hub.checkpoint_problem("acme/not-there") is None

@@ -2,7 +2,13 @@
 
 import json
 import pathlib
+import re
+import signal
+import socket
 import struct
+import subprocess
+import threading
+import time
 
 import launching
 import pytest
@@ -175,7 +181,11 @@ def test_quickstart_reduced_writes_every_artefact(tmp_path):
 )
 def test_top_level_gin_files_parse(name, tmp_path):
     proc = launching.launch(f"--gin_file={name}", "--dry_run", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # Parsed: the configuration is printed. A template whose inputs are given on the command
+    # line (aac.gin: --gin.CHECKPOINT) fails its dry run, with a line per missing input only.
+    assert "run_defaults.run_mode = " in proc.stdout, proc.stderr[-2000:]
+    lines = proc.stderr.removeprefix("error: ").splitlines()
+    assert all(re.match(r"\w+ run: ", line) for line in lines), proc.stderr[-2000:]
 
 
 def test_every_run_mode_can_be_chosen_on_the_command_line():
@@ -183,3 +193,106 @@ def test_every_run_mode_can_be_chosen_on_the_command_line():
 
     assert launch.flags.FLAGS["run_mode"].parser.enum_values == list(experiment.RUN_MODES)
     assert set(experiment.RUN_MODES) == set(experiment.ENTRIES)
+
+
+# Ctrl-C: the run stops within seconds (launch.STOP_GRACE_S at most, when something hangs), says
+# in one line what it keeps, exit status 130.
+
+TINY_AAC = ("--gin_file=aac.gin", "--gin_file=debug/local_tiny.gin")
+
+
+def _interrupt(proc: subprocess.Popen, timeout: float) -> tuple[str, str, float]:
+    """Sends SIGINT; (stdout, stderr, seconds until the process ended). Kills it on a timeout."""
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return out, err, time.monotonic() - sent
+
+
+def _interrupted_line(err: str) -> str:
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert 1 <= len(lines) <= 2, err  # The line, after an ended progress line at most.
+    return lines[-1]
+
+
+def test_ctrl_c_during_training_stops_with_one_line_and_a_rerun_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    args = (*TINY_AAC, f"--run_dir={run_dir}", "--gin.pau_jax.experiment.train.steps=50")
+    proc = launching.start(*args, cwd=tmp_path)
+    for line in proc.stdout:
+        if line.startswith("[train] step 2/50"):  # Step 1's checkpoint has been started.
+            break
+    out, err, seconds = _interrupt(proc, timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert seconds < 15, seconds
+    line = _interrupted_line(err)
+    match = re.fullmatch(
+        rf"interrupted: {run_dir} keeps the checkpoint of step (\d+) \({run_dir}/checkpoints\); "
+        "rerun the same command to resume",
+        line,
+    )
+    assert match, line
+    step = int(match[1])
+    assert step >= 1 and (run_dir / "checkpoints" / str(step)).is_dir()
+
+    # The same command (one step more) resumes from that checkpoint.
+    more = f"--gin.pau_jax.experiment.train.steps={step + 1}"
+    again = launching.launch(*args[:-1], more, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming from step {step}" in again.stdout
+    assert f"[train] step {step + 1}/{step + 1}" in again.stdout
+    assert "[train] step 1/" not in again.stdout
+
+
+@pytest.fixture
+def hanging_endpoint():
+    """(base URL of a server that accepts requests and never answers, set once one arrived)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    arrived, held = threading.Event(), []
+
+    def accept():
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:  # Closed at the end of the test.
+                return
+            arrived.set()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}/v1", arrived
+    server.close()
+    for connection in held:
+        connection.close()
+
+
+def test_ctrl_c_while_an_endpoint_hangs_stops_within_seconds(hanging_endpoint, tmp_path):
+    url, arrived = hanging_endpoint
+    http = "pau_jax.policy.http.HTTPConfig"
+    proc = launching.start(
+        "--gin_file=eval/interactive.gin",
+        "--gin_file=debug/eval_tiny.gin",
+        f"--run_dir={tmp_path / 'run'}",
+        "--gin.pau_jax.experiment.evaluate.policy=@pau_jax.policy.backends.HTTPBackendConfig()",
+        f"--gin.pau_jax.policy.backends.HTTPBackendConfig.http=@{http}()",
+        f"--gin.{http}.base_url='{url}'",
+        f"--gin.{http}.model='m'",
+        f"--gin.{http}.timeout_s=300.0",
+        cwd=tmp_path,
+    )
+    try:
+        assert arrived.wait(120), "no request reached the endpoint"
+    finally:
+        out, err, seconds = _interrupt(proc, timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert seconds < 15, seconds
+    line = _interrupted_line(err)
+    assert line == (
+        f"interrupted: {tmp_path / 'run'} keeps no finished step or episode yet; "
+        "rerun the same command to resume"
+    )

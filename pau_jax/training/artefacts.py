@@ -16,8 +16,9 @@ import json
 import os
 import pathlib
 import shutil
-import struct
 from collections.abc import Callable
+
+from pau_jax import hub
 
 # What ``models.random_checkpoint`` writes besides the weights (model files, then tokenizer).
 _BASE_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json")
@@ -80,26 +81,6 @@ def replace_dir(path: str | pathlib.Path, fill: Callable[[pathlib.Path], object]
     return path
 
 
-def _whole_safetensors(path: pathlib.Path) -> bool:
-    """Whether a safetensors file is as long as its header says."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            return False
-        (size,) = struct.unpack("<Q", head)
-        header = f.read(size)
-    if len(header) < size:
-        return False
-    try:
-        tensors = json.loads(header)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
-    end = max(
-        (t["data_offsets"][1] for name, t in tensors.items() if name != "__metadata__"), default=0
-    )
-    return path.stat().st_size == 8 + size + end
-
-
 def base_model_problem(path: str | pathlib.Path) -> str | None:
     """Why a folder written by ``models.random_checkpoint`` is not whole; None when it is."""
     path = pathlib.Path(path)
@@ -107,7 +88,7 @@ def base_model_problem(path: str | pathlib.Path) -> str | None:
     if not weights:
         return "no *.safetensors weights"
     for file in weights:
-        if not _whole_safetensors(file):
+        if not hub.whole_safetensors(file):
             return f"{file.name} is cut short"
     for name in _BASE_FILES:
         if not (path / name).is_file():

@@ -372,14 +372,16 @@ def test_launch_eval_tiny_writes_every_artefact(tmp_path):
     ],
 )
 def test_eval_gin_files_parse(files, tmp_path):
-    # A template alone leaves its required seats unset (the dry run refuses it): set them.
+    # A template alone leaves its required seats and inputs unset (the dry run refuses it): set
+    # them, with a checkpoint and a built split the dry run finds.
     required = []
     if "debug/eval_tiny.gin" not in files:
-        required = ["--gin.CHECKPOINT='/ckpt'", "--gin.CODER='self'"]
+        required = [*launching.dry_run_inputs(tmp_path), "--gin.CODER='self'"]
         if files[0] != "eval/gold.gin":
             required.append("--gin.JUDGE='self'")
         if files[0] == "eval/memory.gin":
-            required.append("--gin.EMBEDDING_CHECKPOINT='/embedder'")
+            embedder = launching.checkpoint_folder(tmp_path / "embedder")
+            required.append(f"--gin.EMBEDDING_CHECKPOINT='{embedder}'")
     proc = launching.launch(
         *[f"--gin_file={f}" for f in files], *required, "--dry_run", cwd=tmp_path
     )

@@ -151,7 +151,7 @@ def test_the_prefix_cache_settings_reach_the_actor_and_the_critic(
     seen = {}
 
     def spy(*args, actor, critic, **kwargs):
-        seen.update(actor=actor.__self__.prefix_cache, critic=critic.prefix_cache)
+        seen.update(actor=actor.prefix_cache, critic=critic.prefix_cache)
         raise _Stop
 
     monkeypatch.setattr(loop.rollout_lib, "collect", spy)
@@ -258,6 +258,25 @@ def test_a_resumed_run_takes_the_same_steps_as_an_uninterrupted_one(tmp_path, ca
         loop.train(run_dir=str(split), steps=3, **dict(TINY, seed=4))
 
 
+def test_a_learning_rate_0_control_runs_no_update(tmp_path, capsys):
+    """At learning rate 0 the policy cannot move: no update runs and none is logged."""
+    frozen = dataclasses.replace(TINY["learner_config"], learning_rate=0.0)
+    summary = loop.train(
+        run_dir=str(tmp_path / "control"), steps=2, **dict(TINY, learner_config=frozen)
+    )
+    assert summary["steps"] == 2
+    assert capsys.readouterr().out.count("no update (lr 0)") == 2
+    rows = _metrics(tmp_path / "control")
+    assert [m["step"] for m in rows] == [1, 2]
+    for m in rows:
+        assert "rollout/reward_mean" in m
+        assert not [k for k in m if k.startswith(("train/", "grpo/"))], sorted(m)
+    # The exported adapters are the initial ones: B is zero, so the policy is the base.
+    adapter = _adapter(tmp_path / "control")
+    assert [n for n in adapter if "lora_B" in n]
+    assert all(not np.any(w) for n, w in adapter.items() if "lora_B" in n)
+
+
 OVERLAYS = ("ablations/final.gin", "ablations/sym_info.gin")
 
 
@@ -272,8 +291,9 @@ def test_every_aac_gin_combination_parses(tmp_path):
             assert "advantage_fn = @pau_jax.rl.credit.final_only" in out
         if "sym_info" in "".join(extra):
             assert "CriticConfig.privileged = 'none'" in out
-    # The paper defaults with nothing overlaid.
-    proc = launching.launch("--gin_file=aac.gin", "--dry_run", cwd=tmp_path)
+    # The paper defaults with nothing overlaid (and a checkpoint and a built split to read).
+    inputs = launching.dry_run_inputs(tmp_path)
+    proc = launching.launch("--gin_file=aac.gin", *inputs, "--dry_run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (
         "T_MAX = 40" in proc.stdout

