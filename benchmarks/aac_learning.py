@@ -433,6 +433,7 @@ def _settings(args) -> tuple[dict, list]:
             "conversation",
             "decode_weights",
             "remat",
+            "remat_min_tokens",
         )
     }
     settings["taus"] = list(args.taus)
@@ -459,7 +460,12 @@ def _settings(args) -> tuple[dict, list]:
         ("credit", " vs ".join(args.credits), "process reward GRPO", "loop.train's default"),
         ("conversation", args.conversation, "fresh prompts", "one learner row per episode"),
         ("rollout decode weights", args.decode_weights, "bfloat16", "CPU decode time"),
-        ("learner remat", args.remat, "", "CPU memory"),
+        (
+            "learner remat",
+            f"{args.remat} (rows of >= {args.remat_min_tokens} tokens)" if args.remat else False,
+            "",
+            "CPU memory",
+        ),
         ("training tasks", f"pau/{args.dataset} train", "pau train split", "small, built"),
         ("checkpoint", args.checkpoint, "Qwen3 (aac.gin)", "fits 2 cores"),
     ]
@@ -555,6 +561,7 @@ def train_runs(args, out: pathlib.Path, kwargs: dict) -> int:
                 logits_chunk_tokens=512,
                 micro_batch_size=args.micro_batch_size,
                 remat=args.remat,
+                remat_min_tokens=args.remat_min_tokens,
             )
             print(f"[aac_learning] {name}: step {step}", flush=True)
             summary = loop.train(
@@ -613,6 +620,12 @@ def main(argv=None) -> None:
     add("--conversation", choices=("fresh", "multi_turn"), default="fresh")
     add("--decode_weights", choices=("float32", "q8"), default="float32")
     add("--remat", action="store_true", help="recompute layer activations in the backward pass")
+    add(
+        "--remat_min_tokens",
+        type=int,
+        default=0,
+        help="with --remat, only micro-batches of at least this many tokens recompute",
+    )
     add("--last_k", type=int, default=5, help="steps the test compares")
     add("--alpha", type=float, default=0.05, help="significance level of the diagnosis")
     add(

@@ -15,14 +15,16 @@ replies of `--reply_min`..`--reply_max` tokens, each later phase's prompt growin
 the reply and an appended turn of about `--appended` tokens. Token ids are random: the
 time of an update does not depend on them.
 
-Three layouts of the same episodes are timed, each one GRPO update (``learner.make_train_step``;
+Four layouts of the same episodes are timed, each one GRPO update (``learner.make_train_step``;
 reference forward for the k3 KL at `--beta` > 0):
 
-* per-phase rows, one batch: today's layout, every row padded to the longest, micro-batches
-  of `--micro_batch_size` rows in a scan;
+* per-phase rows, one batch: the first learner's layout, every row padded to the longest,
+  micro-batches of `--micro_batch_size` rows in a scan, the head on every column;
 * per-phase rows, length buckets: the same rows, longest first, each micro-batch padded to its
-  own length bucket (`samples.make_micro_batches`);
-* one row per episode, length buckets.
+  own length bucket (`samples.make_micro_batches`), the head on every column;
+* one row per episode, length buckets, the head on every column;
+* one row per episode, length buckets, the head on the loss columns only
+  (`Batch.score_positions`, the learner's default).
 
 For each: rows, padded and real tokens, the best update time over `--repeats` updates
 (after one warm-up that compiles), per trained episode, and where it goes: the reference
@@ -38,9 +40,9 @@ Usage (from the repository root):
 
 `--remat` recomputes each layer's activations in the backward pass (`LearnerConfig.remat`;
 without it the 0.5B's per-phase layouts need more than 24 GiB); `--layouts` picks among
-`phase`, `phase_buckets` and `episode`. The run is marked noisy when the 1-minute load
-average exceeded 0.5 at the start. The last line is `speedup=...x (<the first per-phase
-layout run> / one row per episode) noisy=0|1`.
+`phase`, `phase_buckets`, `episode_all` and `episode`. The run is marked noisy when the
+1-minute load average exceeded 0.5 at the start. The last line is `speedup=...x (<the first
+per-phase layout run> / one row per episode with the loss columns scored) noisy=0|1`.
 """
 
 import argparse
@@ -98,7 +100,8 @@ def make_episodes(args, vocab: int) -> tuple[list[list[Reply]], list[list[float]
 LAYOUTS = {
     "phase": "per-phase rows, one batch",
     "phase_buckets": "per-phase rows, length buckets",
-    "episode": "one row per episode, length buckets",
+    "episode_all": "one row per episode, length buckets, every column scored",
+    "episode": "one row per episode, length buckets, loss columns scored",
 }
 
 
@@ -116,10 +119,14 @@ def layouts(episodes, advantages, args) -> dict[str, object]:
     ]
     episode_rows = [episode_sample(r, a) for r, a in zip(episodes, advantages)]
     m, pad = args.micro_batch_size, args.pad_to_multiple
+    every = {"score_positions": False}
     return {
-        LAYOUTS["phase"]: make_batch(phase_rows, pad_to_multiple=pad, rows_multiple=m),
+        LAYOUTS["phase"]: make_batch(phase_rows, pad_to_multiple=pad, rows_multiple=m, **every),
         LAYOUTS["phase_buckets"]: make_micro_batches(
-            phase_rows, micro_batch_size=m, pad_to_multiple=pad
+            phase_rows, micro_batch_size=m, pad_to_multiple=pad, **every
+        ),
+        LAYOUTS["episode_all"]: make_micro_batches(
+            episode_rows, micro_batch_size=m, pad_to_multiple=pad, **every
         ),
         LAYOUTS["episode"]: make_micro_batches(
             episode_rows, micro_batch_size=m, pad_to_multiple=pad
@@ -155,11 +162,14 @@ def time_reference(model, micro_batches, chunk_tokens: int, repeats: int) -> flo
     reference = step_lib.reference_model(model)
 
     @nnx.jit
-    def forward(m, ids, mask):
-        return token_logprobs(m, ids, mask, chunk_tokens=chunk_tokens)[0]
+    def forward(m, ids, mask, positions):
+        return token_logprobs(m, ids, mask, chunk_tokens=chunk_tokens, positions=positions)[0]
 
     def run():
-        return [forward(reference, b.input_ids, b.attention_mask) for b in micro_batches]
+        return [
+            forward(reference, b.input_ids, b.attention_mask, b.score_positions)
+            for b in micro_batches
+        ]
 
     jax.block_until_ready(run())
     best = float("inf")
@@ -214,6 +224,7 @@ def main():
     add("--repeats", type=int, default=3)
     add("--seed", type=int, default=0)
     add("--remat", action="store_true", help="recompute layer activations (LearnerConfig.remat)")
+    add("--remat_min_tokens", type=int, default=0, help="LearnerConfig.remat_min_tokens")
     add("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS), help="which to run")
     args = parser.parse_args()
 
@@ -225,6 +236,7 @@ def main():
         logits_chunk_tokens=args.logits_chunk_tokens,
         grpo=GRPOConfig(beta=args.beta),
         remat=args.remat,
+        remat_min_tokens=args.remat_min_tokens,
     )
     finals = [len(e[-1].prompt_ids) + len(e[-1].token_ids) for e in episodes]
     print(f"devices: {jax.devices()}; load average at the start {load_start:.2f}")
@@ -262,6 +274,9 @@ def main():
     print()
     print(f"load average at the end {load_end:.2f} (this run's own threads included)")
     after = per_episode.get(LAYOUTS["episode"])
+    every = per_episode.get(LAYOUTS["episode_all"])
+    if after is not None and every is not None:
+        print(f"loss columns only vs every column, one row per episode: {every / after:.2f}x")
     before_key = next((k for k in ("phase", "phase_buckets") if LAYOUTS[k] in per_episode), None)
     if after is None or before_key is None:
         print(f"speedup=nan (needs `episode` and a per-phase layout) noisy={noisy}")
@@ -269,7 +284,7 @@ def main():
     before = per_episode[LAYOUTS[before_key]]
     print(
         f"speedup={before / after:.2f}x ({LAYOUTS[before_key]} {before:.4f} s / one row per "
-        f"episode {after:.4f} s per trained episode) noisy={noisy}"
+        f"episode, loss columns scored {after:.4f} s per trained episode) noisy={noisy}"
     )
 
 

@@ -89,7 +89,12 @@ RESUMABLE_FIELDS = {
     ),
     "pau_jax.rl.critic.CriticConfig": ("prefix_cache_gib",),
     # The same gradient computed in other pieces (micro-batches, logit chunks, recomputation).
-    "pau_jax.rl.learner.LearnerConfig": ("micro_batch_size", "logits_chunk_tokens", "remat"),
+    "pau_jax.rl.learner.LearnerConfig": (
+        "micro_batch_size",
+        "logits_chunk_tokens",
+        "remat",
+        "remat_min_tokens",
+    ),
     "pau_jax.sft.trainer.SFTConfig": ("micro_batch_size", "pad_to_multiple", "logits_chunk_tokens"),
 }
 

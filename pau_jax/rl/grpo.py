@@ -224,13 +224,17 @@ class GRPOLoss:
     """The GRPO loss as ``training.step`` takes it: ``loss(model, batch)`` on a ``learner.Batch``.
 
     With ``config.beta > 0`` the reference log-probs come from the same model with
-    every adapter zeroed (``training.step.reference_model``), without gradient.
-    ``remat`` recomputes the policy forward's layer activations in the backward pass.
+    every adapter zeroed (``training.step.reference_model``), without gradient. A batch
+    with ``score_positions`` has its head run on those columns only (policy and reference).
+    ``remat`` recomputes the policy forward's layer activations in the backward pass, for
+    (micro-)batches of at least ``remat_min_tokens`` tokens (rows x length; static shapes,
+    so the choice is made per compiled shape).
     """
 
     config: GRPOConfig
     chunk_tokens: int = 1024
     remat: bool = False
+    remat_min_tokens: int = 0
 
     def __call__(self, model, batch):
         logp, entropy = token_logprobs(
@@ -239,7 +243,8 @@ class GRPOLoss:
             batch.attention_mask,
             temperature=self.config.temperature,
             chunk_tokens=self.chunk_tokens,
-            remat=self.remat,
+            remat=self.remat and batch.input_ids.size >= self.remat_min_tokens,
+            positions=batch.score_positions,
         )
         ref_logp = None
         if self.config.beta > 0:
@@ -249,6 +254,7 @@ class GRPOLoss:
                 batch.attention_mask,
                 temperature=self.config.temperature,
                 chunk_tokens=self.chunk_tokens,
+                positions=batch.score_positions,
             )
             ref_logp = jax.lax.stop_gradient(ref_logp)
         return policy_loss(

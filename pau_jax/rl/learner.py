@@ -38,12 +38,16 @@ class LearnerConfig(step_lib.OptimizerConfig):
         of keeping them (same loss and gradients; memory of one layer's activations per
         micro-batch instead of all layers', about a third more compute). Without it a
         micro-batch of two 1,500-token rows of Qwen2.5-0.5B needs ~34 GB.
+      remat_min_tokens: with ``remat``, only micro-batches of at least this many tokens
+        (rows x padded length) recompute; shorter ones keep their activations and skip
+        the extra forward. 0: every micro-batch.
       grpo: the loss's constants.
     """
 
     micro_batch_size: int | None = None
     logits_chunk_tokens: int = 1024
     remat: bool = False
+    remat_min_tokens: int = 0
     grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)
 
     def __post_init__(self):
@@ -51,6 +55,8 @@ class LearnerConfig(step_lib.OptimizerConfig):
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}")
         if self.logits_chunk_tokens < 1:
             raise ValueError(f"logits_chunk_tokens must be >= 1, got {self.logits_chunk_tokens}")
+        if self.remat_min_tokens < 0:
+            raise ValueError(f"remat_min_tokens must be >= 0, got {self.remat_min_tokens}")
 
 
 @jax.tree_util.register_dataclass
@@ -69,6 +75,10 @@ class Batch:
         step (its sequence), so a row of several steps aggregates as one row per step
         (``grpo``); None: each row is one sequence.
       sequences: [B] float32, steps with a loss token per row (None with ``sequence_tokens``).
+      score_positions: [B, P] int32, the columns with a loss token, 0-padded: the loss
+        scores only these (``training.logprobs.token_logprobs``'s ``positions``), so the
+        vocabulary head never runs on prompt and tool tokens; every loss column must be
+        listed. None: every column is scored.
     """
 
     input_ids: jax.Array
@@ -78,6 +88,7 @@ class Batch:
     sampler_logprobs: jax.Array
     sequence_tokens: jax.Array | None = None
     sequences: jax.Array | None = None
+    score_positions: jax.Array | None = None
 
 
 def init_state(model: nnx.Module, config: LearnerConfig) -> TrainState:
@@ -103,7 +114,10 @@ def make_train_step(
     """
     return step_lib.make_train_step(
         grpo.GRPOLoss(
-            config=config.grpo, chunk_tokens=config.logits_chunk_tokens, remat=config.remat
+            config=config.grpo,
+            chunk_tokens=config.logits_chunk_tokens,
+            remat=config.remat,
+            remat_min_tokens=config.remat_min_tokens,
         ),
         config.optimizer(),
         model=model,

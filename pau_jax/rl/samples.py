@@ -185,6 +185,7 @@ def make_batch(
     pad_id: int = 0,
     length: int | None = None,
     per_token_advantages: bool | None = None,
+    score_positions: bool = True,
 ) -> Batch:
     """Left-pads samples into a learner ``Batch``.
 
@@ -199,11 +200,15 @@ def make_batch(
       length: T itself (at least the longest row), instead of rounding.
       per_token_advantages: advantages [B, T] rather than [B]; None: [B, T] when some
         sample is an ``EpisodeSample``.
+      score_positions: list the loss columns (``Batch.score_positions``, P the most loss
+        tokens of a row rounded up to a length bucket of ``pad_to_multiple``) so the
+        learner's head runs on them only; False: every column is scored (same loss).
 
     Returns:
       ``Batch`` with input_ids [B, T] int32, attention_mask [B, T] int32,
       loss_mask [B, T] float32, advantages [B] or [B, T] float32, sampler_logprobs
-      [B, T] float32, sequence_tokens [B, T] float32 and sequences [B] float32.
+      [B, T] float32, sequence_tokens [B, T] float32, sequences [B] float32 and
+      score_positions [B, P] int32 (or None).
 
     Raises:
       ValueError: no samples, bad multiples, or a malformed sample (empty
@@ -244,6 +249,7 @@ def make_batch(
         token_advantages[row, start:] = advantage
         sequence_tokens[row, start:] = tokens
         advantages[row] = 0.0 if isinstance(sample, EpisodeSample) else sample.advantage
+    positions = _score_positions(loss, pad_to_multiple) if score_positions else None
     return Batch(
         input_ids=jnp.asarray(input_ids),
         attention_mask=jnp.asarray(attention),
@@ -252,7 +258,19 @@ def make_batch(
         sampler_logprobs=jnp.asarray(sampler),
         sequence_tokens=jnp.asarray(sequence_tokens),
         sequences=jnp.asarray(sequences),
+        score_positions=None if positions is None else jnp.asarray(positions),
     )
+
+
+def _score_positions(loss: np.ndarray, multiple: int) -> np.ndarray:
+    """[B, P] the loss columns of each row (column 0 never counts), 0-padded to a bucket."""
+    columns = [np.flatnonzero(row[1:] > 0) + 1 for row in loss]
+    longest = max((len(c) for c in columns), default=0)
+    width = min(batch_lib.bucket_length(max(longest, 1), multiple), loss.shape[1])
+    positions = np.zeros((loss.shape[0], width), np.int32)
+    for row, c in enumerate(columns):
+        positions[row, : len(c)] = c
+    return positions
 
 
 def make_micro_batches(
@@ -261,6 +279,7 @@ def make_micro_batches(
     micro_batch_size: int,
     pad_to_multiple: int = 8,
     pad_id: int = 0,
+    score_positions: bool = True,
 ) -> list[Batch]:
     """Micro-batches of ``micro_batch_size`` rows, longest rows first, each at its own length.
 
@@ -268,6 +287,9 @@ def make_micro_batches(
     (``training.batch.micro_batches``); the last one is filled with padding rows.
     ``training.step.TrainStep`` takes the list as one update, equal to the update on
     one batch of every row.
+
+    ``pad_to_multiple`` also buckets the scored positions (``make_batch``'s
+    ``score_positions``).
 
     Returns:
       ``Batch``es of ``micro_batch_size`` rows each (see ``make_batch``); advantages
@@ -282,7 +304,9 @@ def make_micro_batches(
             rows_multiple=micro_batch_size,
             pad_id=pad_id,
             length=length,
+            pad_to_multiple=pad_to_multiple,
             per_token_advantages=per_token,
+            score_positions=score_positions,
         )
         for rows, length in plan
     ]

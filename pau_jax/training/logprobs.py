@@ -37,6 +37,7 @@ def token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     remat: bool = False,
+    positions: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probs and entropies of the given tokens, without materialising [B, T, V] logits.
 
@@ -53,6 +54,11 @@ def token_logprobs(
       chunk_tokens: largest number of positions whose logits exist at once.
       remat: recompute each decoder layer's activations in the backward pass
         (``Decoder.hidden_states``); the values are the same.
+      positions: [B, P] int32, the only columns whose log-probs are wanted (a loss's
+        sampled tokens); 0 pads a row. The head then runs on B * P positions instead of
+        B * (T - 1): the vocabulary projection, softmax and its backward are most of
+        the cost of a long prompt whose tokens are not in the loss. Every other column
+        is 0 in the outputs; the wanted columns are the same numbers as without it.
 
     Returns:
       ([B, T] log-probs, [B, T] entropies of the predicting distribution), both
@@ -63,15 +69,53 @@ def token_logprobs(
     else:
         hidden = model.hidden_states(input_ids, attention_mask)
     b, t, d = hidden.shape
+    if positions is not None:
+        return _logprobs_at(model, hidden, input_ids, positions, temperature, chunk_tokens)
     n = b * (t - 1)
     if n == 0:
         zeros = jnp.zeros((b, t), jnp.float32)
         return zeros, zeros
+    logp, entropy = _chunked_head(
+        model, hidden[:, :-1].reshape(n, d), input_ids[:, 1:].reshape(n), temperature, chunk_tokens
+    )
+
+    def unchunk(x):
+        return jnp.pad(x.reshape(b, t - 1), ((0, 0), (1, 0)))
+
+    return unchunk(logp), unchunk(entropy)
+
+
+def _logprobs_at(model, hidden, input_ids, positions, temperature, chunk_tokens):
+    """``token_logprobs`` of the columns ``positions`` [B, P] only, scattered into [B, T]."""
+    b, t, d = hidden.shape
+    p = positions.shape[1]
+    if b * p == 0:
+        zeros = jnp.zeros((b, t), jnp.float32)
+        return zeros, zeros
+    positions = positions.astype(jnp.int32)
+    wanted = (positions > 0).astype(jnp.float32)
+    # Column t is predicted by the hidden state of column t - 1.
+    h = jnp.take_along_axis(hidden, jnp.maximum(positions - 1, 0)[..., None], axis=1)
+    targets = jnp.take_along_axis(input_ids, positions, axis=1)
+    logp, entropy = _chunked_head(
+        model, h.reshape(b * p, d), targets.reshape(b * p), temperature, chunk_tokens
+    )
+    rows = jnp.arange(b)[:, None]
+
+    def scatter(x):  # padding entries (column 0) add 0
+        return jnp.zeros((b, t), jnp.float32).at[rows, positions].add(x.reshape(b, p) * wanted)
+
+    return scatter(logp), scatter(entropy)
+
+
+def _chunked_head(model, hidden, targets, temperature, chunk_tokens):
+    """Log-probs and entropies of ``targets`` [N] from ``hidden`` [N, D], ``chunk_tokens`` at once."""
+    n, d = hidden.shape
     n_chunks = -(-n // chunk_tokens)
     size = -(-n // n_chunks)
     pad = n_chunks * size - n
-    h = jnp.pad(hidden[:, :-1].reshape(n, d), ((0, pad), (0, 0))).reshape(n_chunks, size, d)
-    targets = jnp.pad(input_ids[:, 1:].reshape(n), (0, pad)).reshape(n_chunks, size)
+    h = jnp.pad(hidden, ((0, pad), (0, 0))).reshape(n_chunks, size, d)
+    targets = jnp.pad(targets, (0, pad)).reshape(n_chunks, size)
 
     @jax.checkpoint
     def chunk(args):
@@ -79,8 +123,4 @@ def token_logprobs(
         return logprobs_from_logits(model.logits_from_hidden(h_chunk), target_chunk, temperature)
 
     logp, entropy = jax.lax.map(chunk, (h, targets))
-
-    def unchunk(x):
-        return jnp.pad(x.reshape(-1)[:n].reshape(b, t - 1), ((0, 0), (1, 0)))
-
-    return unchunk(logp), unchunk(entropy)
+    return logp.reshape(-1)[:n], entropy.reshape(-1)[:n]

@@ -41,9 +41,16 @@ def test_the_layouts_hold_the_same_sampled_tokens():
     for name, batches in layouts.items():
         micro = bench._micro(batches, ARGS.micro_batch_size)
         assert sum(float(np.asarray(b.loss_mask).sum()) for b in micro) == replies, name
-    rows = layouts["one row per episode, length buckets"]
+    rows = layouts["one row per episode, length buckets, loss columns scored"]
     real = sum(int(np.asarray(b.attention_mask).sum()) for b in rows)
     assert real == sum(len(e[-1].prompt_ids) + len(e[-1].token_ids) for e in episodes)
+    # The scored layout lists every loss column; the layouts before it score every column.
+    assert all(b.score_positions is not None for b in rows)
+    every = layouts["one row per episode, length buckets, every column scored"]
+    assert all(b.score_positions is None for b in every)
+    for b in rows:
+        positions, mask = np.asarray(b.score_positions), np.asarray(b.loss_mask)
+        assert int((positions > 0).sum()) == int(mask.sum())
 
 
 def test_a_tiny_run_prints_its_ratio_last():
@@ -52,7 +59,8 @@ def test_a_tiny_run_prints_its_ratio_last():
     argv += ["--pad_to_multiple", "16", "--micro_batch_size", "2"]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=600).stdout
     assert out.strip().splitlines()[-1].startswith("speedup=")
-    assert "| one row per episode, length buckets | 2 |" in out
+    assert "| one row per episode, length buckets, loss columns scored | 2 |" in out
+    assert "| one row per episode, length buckets, every column scored | 2 |" in out
 
 
 def test_chosen_layouts_with_remat():

@@ -181,6 +181,12 @@ def test_remat_gives_the_same_loss_and_gradients_and_is_really_used():
 
     plain_bytes, remat_bytes = temporaries(plain), temporaries(remat)
     assert remat_bytes < 0.5 * plain_bytes, (remat_bytes, plain_bytes)
+    # remat_min_tokens: a batch of fewer tokens keeps its activations; one that reaches it
+    # recomputes them.
+    tokens = long_batch.input_ids.size
+    above = temporaries(dataclasses.replace(remat, remat_min_tokens=tokens + 1))
+    assert above > 0.9 * plain_bytes, (above, plain_bytes)
+    assert temporaries(dataclasses.replace(remat, remat_min_tokens=tokens)) == remat_bytes
 
 
 def test_micro_batches_of_their_own_lengths_update_as_one_batch():
@@ -230,3 +236,39 @@ def test_malformed_episode_rows_fail_with_a_clear_message(fields, message):
         make_batch([EpisodeSample(**dict(good, **fields))])
     with pytest.raises(ValueError, match="keep them per token"):
         make_batch([EpisodeSample(**good)], per_token_advantages=False)
+
+
+@pytest.mark.parametrize("aggregation", sorted(CONFIGS))
+def test_scoring_only_the_loss_columns_gives_the_same_loss_and_gradients(aggregation):
+    """`Batch.score_positions`: the head on the loss columns only, the same numbers."""
+    model = lib.tiny_model(seed=4)
+    loss = grpo.GRPOLoss(config=CONFIGS[aggregation], chunk_tokens=16)
+    episodes, advantages = _episodes(seed=13, n=5)
+    rows = [episode_sample(r, a) for r, a in zip(episodes, advantages)] + _phase_rows(
+        episodes[:2], advantages[:2]
+    )
+    for batches in (
+        [make_batch(rows, rows_multiple=4)],
+        make_micro_batches(rows, micro_batch_size=3, pad_to_multiple=4),
+    ):
+        every = [dataclasses.replace(b, score_positions=None) for b in batches]
+        for b in batches:  # fewer columns than the row, and every loss column listed
+            positions, mask = np.asarray(b.score_positions), np.asarray(b.loss_mask)
+            assert positions.shape[1] < mask.shape[1]
+            for row in range(mask.shape[0]):
+                listed = set(positions[row][positions[row] > 0].tolist())
+                assert listed == set(np.flatnonzero(mask[row][1:] > 0) + 1)
+        scored, grads_scored = _loss_and_grads(model, loss, batches)
+        full, grads_full = _loss_and_grads(model, loss, every)
+        assert abs(full) > 1e-3
+        assert scored == pytest.approx(full, abs=1e-6)
+        for a, b in zip(grads_full, grads_scored, strict=True):
+            np.testing.assert_allclose(b, a, atol=1e-6)
+    # A position missing from the list drops its token from the loss: the list is what counts.
+    batch = make_batch(rows, rows_multiple=4)
+    short = np.asarray(batch.score_positions).copy()
+    short[0, 0] = 0
+    moved, _ = _loss_and_grads(
+        model, loss, [dataclasses.replace(batch, score_positions=jnp.asarray(short))]
+    )
+    assert abs(moved - _loss_and_grads(model, loss, [batch])[0]) > 1e-7
