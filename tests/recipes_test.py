@@ -221,8 +221,14 @@ def test_evaluate_a_served_model(tmp_path, data_dir, checkpoint):
     from pau_jax.policy.server import PolicyServer
     from pau_jax.tokenizer import load_tokenizer
 
-    serve, command = readme_commands("Evaluate a served model (OpenAI-compatible endpoint)")
+    serve, command, own = readme_commands("Evaluate a served model (OpenAI-compatible endpoint)")
     assert serve.startswith("vllm serve ")
+    # pau_jax's own server command parses (on the tiny checkpoint instead of the fetched one).
+    from pau_jax.tools import serve as serve_tool
+
+    served = _argv(own, "python -m pau_jax.tools.serve")
+    parsed = serve_tool.parse_args([str(checkpoint), *served[1:]])
+    assert parsed.name == ["qwen2.5-coder-1.5b-instruct"] and parsed.decode_weights == "q8"
     args = _argv(command)
     url = next(a.split("=", 1)[1] for a in args if ".base_url=" in a).strip("'")
     # One server behind every seat: it serves each model name the command sends.

@@ -131,6 +131,37 @@ def prepare(path: str | os.PathLike, *, required: Sequence[str] = ()) -> int:
     return len(bad)
 
 
+def set_aside(path: str | os.PathLike, stale, *, suffix: str, why: str) -> int:
+    """Moves the records for which ``stale(record)`` is true to ``<path><suffix>``.
+
+    For records that are whole but no longer belong (a score of an episode since redone):
+    they are appended to the side file as they were, ``path`` is rewritten atomically
+    without them, and one warning on stderr says how many and ``why``. ``path`` must have
+    been ``prepare``d. Returns how many were moved.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        return 0
+    kept, moved = [], []
+    for _, raw in _lines(path):
+        record, reason = _parse(raw, ()) if raw.strip() else (None, "blank")
+        (moved if record is not None and not reason and stale(record) else kept).append(raw)
+    if not moved:
+        return 0
+    side = path.with_name(path.name + suffix)
+    _fsync_write(side, "ab", b"".join(moved))
+    tmp = path.with_name(path.name + ".tmp")
+    _fsync_write(tmp, "wb", b"".join(kept))
+    tmp.replace(path)
+    print(
+        f"[jsonl] warning: {path}: {len(moved)} record{'s' if len(moved) != 1 else ''} moved to "
+        f"{side.name} ({why})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return len(moved)
+
+
 def append(path: str | os.PathLike, records: Sequence[dict]) -> None:
     """Appends records, one JSON line each, flushed and fsynced."""
     data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)

@@ -13,6 +13,10 @@ from pau_jax.evaluation import code_match, failure_modes, judge
 from pau_jax.tasks.reference import TaskReference
 
 
+# The fields of an episode record that its scores are computed from.
+SCORED_FROM = ("prediction", "observations", "prior_observations")
+
+
 def score_episodes(
     records: Sequence[dict],
     references: dict[str, TaskReference],
@@ -115,8 +119,19 @@ def score_into_file(
     """Scores the records not yet in `path` in chunks (appending each), returns all scored ones.
 
     A torn last line of `path` is cut and a corrupt line moved aside first (`jsonl.prepare`).
+    A scored row whose scored fields (`SCORED_FROM`: the prediction and the calls) differ
+    from its episode's record now (the episode was redone, e.g. after its line was found
+    corrupt) is moved to `<file>.stale` and scored again: a score always belongs to the
+    episode beside it.
     """
     jsonl.prepare(path, required=runner.RECORD_KEYS)
+    current = {r["task_id"]: r for r in records}
+
+    def stale(row: dict) -> bool:
+        episode = current.get(row.get("task_id"))
+        return episode is not None and any(row.get(k) != episode.get(k) for k in SCORED_FROM)
+
+    jsonl.set_aside(path, stale, suffix=".stale", why="scores of episodes since redone")
     done = runner.finished_ids(path)
     pending = [r for r in records if r["task_id"] not in done]
     golds = {t: ref.description for t, ref in references.items()}

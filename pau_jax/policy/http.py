@@ -8,6 +8,11 @@ error): a failed request is never answered with an empty reply, so nothing is
 scored as if the model had answered. The batch's requests not yet sent are
 dropped and those in flight stop before their next retry. Finished work of the
 caller (episodes and scores written to their files) stays, and a rerun resumes.
+One 400 is an answer rather than a failure: a prompt longer than the model's context
+(vLLM's and this project's server's "maximum context length", OpenAI's
+`context_length_exceeded`, SGLang's "longer than the model's context length") would be
+refused again on every rerun, so its reply is an empty `TooLong` with `finish_reason
+'prompt_length'`, as a local policy answers it, and the episode ends there.
 
 Configuration comes from arguments or the environment:
 `PAU_OPENAI_BASE_URL` (or `OPENAI_BASE_URL`), `PAU_OPENAI_MODEL`,
@@ -16,9 +21,11 @@ Configuration comes from arguments or the environment:
 
 import concurrent.futures
 import dataclasses
+import io
 import json
 import math
 import os
+import re
 import threading
 import time
 import urllib.error
@@ -28,6 +35,21 @@ from collections.abc import Sequence
 from pau_jax.policy import check_per_row
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+# A 400 body that says the prompt does not fit the model's context (vLLM, SGLang, OpenAI,
+# policy.server): the same request would be refused on every retry and every rerun.
+_OVER_CONTEXT = re.compile(
+    r"context_length_exceeded|maximum context length|longer than the model's context length"
+    r"|exceeds the model's context",
+    re.IGNORECASE,
+)
+
+
+class TooLong(str):
+    """The empty reply to a prompt the endpoint refused as longer than its context."""
+
+    finish_reason = "prompt_length"
 
 
 class EndpointError(RuntimeError):
@@ -237,7 +259,16 @@ class HTTPPolicy:
             raise _Stopped
 
         def request() -> str:
-            content = self._post(payload)["choices"][0]["message"]["content"]
+            try:
+                body = self._post(payload)
+            except urllib.error.HTTPError as e:
+                if e.code != 400:
+                    raise
+                detail = e.read()
+                if _OVER_CONTEXT.search(detail[:2000].decode(errors="replace")):
+                    return TooLong()
+                raise urllib.error.HTTPError(e.url, e.code, e.msg, e.hdrs, io.BytesIO(detail))
+            content = body["choices"][0]["message"]["content"]
             if not isinstance(content, str):
                 raise TypeError("message content is not a string")
             return content
@@ -268,7 +299,8 @@ class HTTPPolicy:
         answers: Sequence | None = None,
         stop: Sequence[Sequence[str]] | None = None,
     ) -> list[str]:
-        """One reply text per conversation, in order.
+        """One reply text per conversation, in order (a `TooLong` where the endpoint refused
+        the prompt as longer than the model's context).
 
         Args:
           conversations: chat conversations (lists of {"role", "content"} messages).

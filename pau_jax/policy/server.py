@@ -21,7 +21,8 @@ the good ones beside it (and should a batch still fail in the sampler, its reque
 retried one by one). Bodies need a `Content-Length` (411) of at most `max_body_bytes`
 (413) and must be UTF-8 JSON (400); a client that stops sending for `read_timeout_s` is
 answered 408 (mid-body) or disconnected; a `model` the server does not serve gets 404
-(`model_not_found`), an absent one is the first served name. With an API key
+(`model_not_found`; on `/v1/embeddings`, a name other than the embedder's), an absent one
+is the first served name. With an API key
 (`api_key`, or the environment variable `PAU_SERVER_API_KEY`), every request without
 `Authorization: Bearer <key>` gets 401. The server binds 127.0.0.1 by default; another
 address without a key is logged as a warning.
@@ -241,6 +242,15 @@ class PolicyServer:
     def _embeddings(self, body: dict) -> tuple[int, dict]:
         if self.embedder is None:
             return 404, error("this server has no embedding model")
+        model = body.get("model")
+        if model is not None and model != self.embedding_model_name:
+            served = self.embedding_model_name
+            return 404, error(
+                f"The model `{str(model)[:100]}` does not exist; this server embeds with "
+                f"['{served}']",
+                param="model",
+                code="model_not_found",
+            )
         texts = body.get("input")
         if isinstance(texts, str):
             texts = [texts]

@@ -541,6 +541,31 @@ def test_corrupt_lines_are_moved_aside_counted_and_their_items_redone(tmp_path, 
     )
 
 
+def test_a_score_of_an_episode_since_redone_is_set_aside_and_scored_again(tmp_path, capsys):
+    """A scored row must belong to the episode beside it, not to the one it replaced."""
+    kwargs = dict(
+        policy=backends.OracleBackendConfig(n_probes=1), modes=("in_context",), **SCRIPTED
+    )
+    pipeline.evaluate(run_dir=str(tmp_path), **kwargs)
+    scored = tmp_path / "in_context_scored.jsonl"
+    rows = [json.loads(x) for x in _lines(scored)]
+    # The row of task 1 as an earlier, since redone, episode of that task left it.
+    rows[1] = dict(rows[1], prediction="an older episode's description", code_match=0.0)
+    scored.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    result = pipeline.evaluate(run_dir=str(tmp_path), **kwargs)
+    assert "1 record moved to in_context_scored.jsonl.stale" in capsys.readouterr().err
+    assert result["runs"]["in_context"]["code_match"]["mean"] == 1.0
+    stale = [json.loads(x) for x in _lines(tmp_path / "in_context_scored.jsonl.stale")]
+    assert [r["prediction"] for r in stale] == ["an older episode's description"]
+    again = pipeline.runner.load_records(scored)
+    assert len(again) == 4 and all(r["code_match"] == 1.0 for r in again)
+    # A rerun with nothing redone moves nothing.
+    before = scored.read_bytes()
+    pipeline.evaluate(run_dir=str(tmp_path), **kwargs)
+    assert scored.read_bytes() == before and ".stale" not in capsys.readouterr().err
+
+
 def test_launch_stops_with_one_line_naming_a_refused_judge(tmp_path):
     url = _closed_port_url()
     run_dir = tmp_path / "run"

@@ -65,9 +65,15 @@ def test_the_server_answers_embeddings_as_the_local_embedder(embedder):
             HTTPEmbeddingConfig(base_url=server.base_url, model="tiny-embed", batch_size=2)
         )
         np.testing.assert_allclose(client.embed(TEXTS), embedder.embed(TEXTS), atol=1e-5)
-        status, body = _post(server.base_url + "/embeddings", {"input": TEXTS[0], "model": "m"})
+        status, body = _post(
+            server.base_url + "/embeddings", {"input": TEXTS[0], "model": "tiny-embed"}
+        )
         assert status == 200 and body["model"] == "tiny-embed" and len(body["data"]) == 1
         assert body["usage"]["prompt_tokens"] == len(embedder.encode(TEXTS[:1])[0])
+        assert _post(server.base_url + "/embeddings", {"input": TEXTS[0]})[0] == 200
+        # Another model's name is not answered with this model's vectors.
+        status, body = _post(server.base_url + "/embeddings", {"input": TEXTS[0], "model": "m"})
+        assert status == 404 and body["error"]["code"] == "model_not_found"
         with urllib.request.urlopen(server.base_url + "/models", timeout=10) as r:
             assert [m["id"] for m in json.loads(r.read())["data"]] == ["tiny-embed"]
         for bad in (

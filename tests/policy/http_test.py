@@ -13,7 +13,7 @@ import checkpoints
 import pytest
 
 from pau_jax.policy.config import SamplingConfig
-from pau_jax.policy.http import EndpointError, HTTPConfig, HTTPPolicy
+from pau_jax.policy.http import EndpointError, HTTPConfig, HTTPPolicy, TooLong
 from pau_jax.policy.local import LocalPolicy
 from pau_jax.policy.server import PolicyServer
 from pau_jax.sampling.prefix_cache import PrefixCache
@@ -168,6 +168,12 @@ class FaultyHandler(http.server.BaseHTTPRequestHandler):
             status = 200
         elif kind == "bad_json":
             data, status = "{oops", 200
+        elif kind == "too_long":  # vLLM's words for a prompt over the context
+            message = (
+                "This model's maximum context length is 32 tokens. However, you requested "
+                "40 tokens (24 in the messages, 16 in the completion)."
+            )
+            data, status = json.dumps({"error": {"message": message, "code": 400}}), 400
         else:
             data, status = json.dumps({"error": {"message": kind}}), int(kind)
         body = data.encode()
@@ -275,6 +281,29 @@ def test_client_error_is_not_retried_and_drops_the_rest_of_the_batch(faulty):
         client(CONVERSATIONS)
     # The other two requests of the batch were never sent.
     assert FaultyHandler.seen == 1 and client.retries == 0
+
+
+def test_a_prompt_over_the_context_is_answered_too_long_not_failed(faulty):
+    """A repeatable 400 (prompt over the context) ends that episode instead of every run."""
+    FaultyHandler.script = ["too_long"]
+    client = _client(faulty, max_retries=2, max_concurrency=1)
+    replies = client(CONVERSATIONS[:2])
+    assert isinstance(replies[0], TooLong) and replies[0] == ""
+    assert replies[0].finish_reason == "prompt_length"
+    assert replies[1] == "fine" and getattr(replies[1], "finish_reason", None) is None
+    assert FaultyHandler.seen == 2 and not client.failures and client.retries == 0
+    # Any other 400 still stops the run, its message intact.
+    FaultyHandler.script = ["400"]
+    with pytest.raises(EndpointError, match="HTTP 400: .*400"):
+        client(CONVERSATIONS[:1])
+
+
+def test_the_server_s_own_over_context_400_reads_as_too_long(local_policy):
+    with PolicyServer(local_policy, model_name="tiny", max_context_tokens=64) as server:
+        client = HTTPPolicy(HTTPConfig(base_url=server.base_url, model="tiny", max_tokens=6))
+        long = [{"role": "user", "content": "word " * 200}]
+        replies = client([long, CONVERSATIONS[0]])
+    assert replies[0].finish_reason == "prompt_length" and replies[1]
 
 
 def test_requests_in_flight_stop_retrying_when_one_fails(faulty):

@@ -1,0 +1,103 @@
+"""python -m pau_jax.tools.serve: a checkpoint folder served over the OpenAI chat API."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from pau_jax.policy.server import API_KEY_ENV
+from pau_jax.tools import serve
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONVERSATION = [{"role": "user", "content": "What does test_func(3) return?"}]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny random Qwen3 over the real vocabulary, with the offline tokenizer."""
+    from flax import nnx
+
+    from pau_jax.models import qwen3
+    from pau_jax.tokenizer import save_offline_tokenizer
+
+    config = qwen3.Qwen3Config(
+        vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
+        rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=512,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("ckpt")
+    qwen3.save_hf(qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(3)), config, path)
+    save_offline_tokenizer(path)
+    return path
+
+
+def _post(url, body, key=None):
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(
+        f"{url}/chat/completions", json.dumps(body).encode(), headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as failure:
+        return failure.code, json.loads(failure.read())
+
+
+def test_served_checkpoint_answers_as_the_local_policy_and_stops_on_ctrl_c(checkpoint):
+    from pau_jax.policy import backends
+    from pau_jax.policy.config import SamplingConfig
+
+    env = dict(os.environ, **{API_KEY_ENV: "s3cret", "JAX_PLATFORMS": "cpu"})
+    argv = [sys.executable, "-m", "pau_jax.tools.serve", str(checkpoint), "--port", "0"]
+    argv += ["--name", "tiny", "--name", "tiny-alias", "--prefix_cache_gib", "0"]
+    process = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        first = process.stdout.readline()
+        assert first.startswith("serving tiny, tiny-alias at http://127.0.0.1:"), first
+        assert "(with an API key)" in first
+        url = first.split(" at ", 1)[1].split(" ")[0]
+        body = {"model": "tiny-alias", "messages": CONVERSATION, "max_tokens": 6}
+        body["temperature"] = 0
+        status, reply = _post(url, body, key="s3cret")
+        assert status == 200, reply
+        served = reply["choices"][0]["message"]["content"]
+        assert _post(url, body)[0] == 401  # no key
+        assert _post(url, dict(body, model="other"), key="s3cret")[0] == 404
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err[-2000:]
+    assert out.strip().splitlines()[-1].startswith("stopped after 1 sampler batches")
+    # The same reply as the checkpoint's own LocalPolicy, greedy, in this process.
+    local = backends.build_policy(
+        backends.LocalBackendConfig(
+            checkpoint_dir=str(checkpoint),
+            sampling=SamplingConfig(max_new_tokens=6),
+            prefix_cache_gib=0,
+        )
+    )
+    assert served == local.complete([CONVERSATION])[0].text
+
+
+def test_bad_arguments_are_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        serve.parse_args([str(tmp_path)])
+    assert stop.value.code == 2
+    assert "has no config.json" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{}")
+    args = serve.parse_args([str(tmp_path)])
+    assert args.name == [tmp_path.name] and args.host == "127.0.0.1"
+    with pytest.raises(SystemExit):
+        serve.parse_args([str(tmp_path), "--max_batch", "0"])
