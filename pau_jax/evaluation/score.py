@@ -12,7 +12,6 @@ from pau_jax.env import jsonl, runner
 from pau_jax.evaluation import code_match, failure_modes, judge
 from pau_jax.tasks.reference import TaskReference
 
-
 # The fields of an episode record that its scores are computed from.
 SCORED_FROM = ("prediction", "observations", "prior_observations")
 

@@ -267,7 +267,9 @@ class HTTPPolicy:
                 detail = e.read()
                 if _OVER_CONTEXT.search(detail[:2000].decode(errors="replace")):
                     return TooLong()
-                raise urllib.error.HTTPError(e.url, e.code, e.msg, e.hdrs, io.BytesIO(detail))
+                raise urllib.error.HTTPError(
+                    e.url, e.code, e.msg, e.hdrs, io.BytesIO(detail)
+                ) from e
             content = body["choices"][0]["message"]["content"]
             if not isinstance(content, str):
                 raise TypeError("message content is not a string")
