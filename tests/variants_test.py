@@ -208,3 +208,14 @@ def test_paper_evaluation_defaults(parse):
         gin.query_parameter("pau_jax.experiment.evaluate.judge").scoped_selector
         == "JUDGE/gin.macro"
     )
+
+
+def test_the_cpu_preset_masks_its_judge_and_as_released_unmasks_it(parse):
+    parse("eval/coder_cpu.gin")
+    judge = _make("pau_jax.policy.config.SamplingConfig", scope="judge")
+    assert judge.structured == "constrain_inputs" and judge.max_new_tokens == 96
+    # The agent is not masked by the preset (the protocol's own format errors are counted).
+    assert _make("pau_jax.policy.config.SamplingConfig", scope="policy").structured == "off"
+    parse("eval/coder_cpu.gin", "variants/as_released.gin")
+    judge = _make("pau_jax.policy.config.SamplingConfig", scope="judge")
+    assert judge.structured == "off" and judge.enable_thinking

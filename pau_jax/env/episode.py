@@ -299,7 +299,8 @@ class AnswerShape:
     """What the current phase's reply must hold, for a policy's structured decoding.
 
     kind: 'input' (a fenced literal tuple of `arity` values, as `prompts.generate_messages`
-    asks) or 'decision' (a revision: hypothesis, then a `Decision:` label). shapes: for an
+    asks), 'decision' (a revision: hypothesis, then a `Decision:` label) or 'rating' (a
+    grader's reply ending with `Rating: 1..5`, `evaluation.judge`). shapes: for an
     input, each argument's shape over the shown examples (`input_example.argument_shapes`;
     () when none has the arity).
     """

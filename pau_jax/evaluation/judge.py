@@ -1,15 +1,20 @@
 """The description judge: a 1–5 Likert rating of a predicted description against the gold one.
 
-The judge is any policy (`conversations -> texts`): a local model, or an
-OpenAI-compatible endpoint. Ratings are parsed from `Rating: X`; an answer
-without a parseable rating gives `score=None`, which is counted and reported by
-the metrics, never replaced by a default.
+The judge is any policy (`policy.complete`): a local model, or an OpenAI-compatible
+endpoint. Ratings are parsed from `Rating: X`; an answer without a parseable rating
+gives `score=None`, which is counted and reported by the metrics, never replaced by a
+default. Each request carries the answer shape `RATING` (`env.episode.AnswerShape`): a
+local judge whose sampling has `structured` other than 'off' writes its reasoning and
+then always ends with a `Rating: 1..5` line within its token budget (the mask of
+`sampling.input_grammar.rating_grammar`), so every rating parses; with 'off' (the
+paper's judge) and for an endpoint nothing is masked.
 """
 
 import dataclasses
 import re
 from collections.abc import Sequence
 
+from pau_jax.env.episode import AnswerShape
 from pau_jax.env.parse import strip_think
 
 JUDGE_PROMPT_VERSION = "judge-v1"
@@ -66,7 +71,13 @@ def parse_rating(text: str) -> int | None:
     return int(matches[-1]) if matches else None
 
 
+# What a judge's reply must end with (masked only by a local judge with structured decoding).
+RATING = AnswerShape("rating")
+
+
 def judge(policy, pairs: Sequence[tuple[str, str]]) -> list[JudgeResult]:
     """Rates each (gold, predicted) pair in one batched policy call."""
-    texts = policy([judge_messages(gold, predicted) for gold, predicted in pairs])
+    conversations = [judge_messages(gold, predicted) for gold, predicted in pairs]
+    replies = policy.complete(conversations, answers=[RATING] * len(conversations))
+    texts = [r if isinstance(r, str) else r.text for r in replies]
     return [JudgeResult(score=parse_rating(t), raw=t) for t in texts]

@@ -123,7 +123,8 @@ class LocalPolicy:
 
         A row follows the input grammar of its arity ('constrain_inputs'; 'typed_inputs'
         with its arguments' shapes; an input shape), with tokens bounded so the reply stays
-        readable (`_input_bounds`), the revision detector ('end_at_answer' or
+        readable (`_input_bounds`), a grader's rating line (a rating shape, under any
+        structured mode but 'off'), the revision detector ('end_at_answer' or
         'constrain_inputs', a decision shape; with the row's stop strings too), or a
         stop-string detector (stop strings alone).
         """
@@ -136,6 +137,8 @@ class LocalPolicy:
                 components[i] = constraint.Component(
                     "input", arity=shape.arity, shapes=typed, **_input_bounds(s.max_new_tokens)
                 )
+            elif shape is not None and shape.kind == "rating":
+                components[i] = constraint.RATING
             elif shape is not None and shape.kind == "decision":
                 components[i] = constraint.Component("decision", stop=row_stop)
             elif row_stop:

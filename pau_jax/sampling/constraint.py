@@ -126,12 +126,17 @@ def vocabulary(tokenizer) -> Vocabulary:
     return Vocabulary(out)
 
 
+KINDS = ("input", "rating", "decision", "stop")
+
+
 @dataclasses.dataclass(frozen=True)
 class Component:
-    """One part of an automaton: an input grammar (masked) or a detector.
+    """One part of an automaton: an input grammar or a rating (masked), or a detector.
 
     'input': `input_grammar.grammar(arity, wrapper, depth, shapes)`, masked (only tokens
-    that keep the reply in the grammar are allowed). 'decision' and 'stop' are detectors: every token
+    that keep the reply in the grammar are allowed). 'rating': any reply ending with a
+    `Rating: 1..5` line (`input_grammar.rating_grammar()`), masked: a grader's reply that
+    always parses. 'decision' and 'stop' are detectors: every token
     is allowed (special ones too) and the state only tells when the reply is complete:
     'decision' at its first revision label (`input_grammar.decision_grammar()`) or at any
     of `stop`, 'stop' at the first of the strings `stop` (as a server's stop strings).
@@ -153,16 +158,16 @@ class Component:
     max_piece_digits: int = 0  # 'input': the most digits a token may hold (0: any)
 
     def __post_init__(self):
-        if self.kind not in ("input", "decision", "stop"):
-            raise ValueError(
-                f"a component's kind is 'input', 'decision' or 'stop', got {self.kind!r}"
-            )
+        if self.kind not in KINDS:
+            raise ValueError(f"a component's kind is one of {KINDS}, got {self.kind!r}")
         if isinstance(self.stop, str) or not all(isinstance(x, str) and x for x in self.stop):
             raise ValueError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
         if self.kind == "stop" and not self.stop:
             raise ValueError("a 'stop' component needs at least one stop string")
-        if self.kind == "input" and self.stop:
-            raise ValueError("an 'input' component ends with its grammar; it takes no stop strings")
+        if self.kind in ("input", "rating") and self.stop:
+            raise ValueError(
+                f"an {self.kind!r} component ends with its grammar; it takes no stop strings"
+            )
         if self.max_piece_bytes < 0 or self.max_piece_digits < 0:
             raise ValueError("max_piece_bytes and max_piece_digits must be >= 0 (0: no bound)")
         if self.kind != "input" and (self.max_piece_bytes or self.max_piece_digits):
@@ -170,6 +175,7 @@ class Component:
 
 
 DECISION = Component("decision")
+RATING = Component("rating")
 
 
 def build(
@@ -271,6 +277,8 @@ def _byte_dfa(component: Component) -> tuple[input_grammar.ByteDFA, bool]:
             component.arity, component.wrapper, component.depth, component.shapes
         )
         return input_grammar.compile_dfa(grammar), False
+    if component.kind == "rating":
+        return input_grammar.compile_dfa(input_grammar.rating_grammar()), False
     parts = [input_grammar.decision_grammar()] if component.kind == "decision" else []
     if component.stop:
         parts.append(input_grammar.stop_grammar(component.stop))

@@ -353,6 +353,31 @@ def decision_grammar() -> tuple:
     )
 
 
+def rating_grammar(low: int = 1, high: int = 5) -> tuple:
+    """Any reply that ends with a rating line's digit: `Rating: X`, X in `low..high`.
+
+    `evaluation.judge.parse_rating` reads the last `rating`, `:` or `=`, optional `*`, then
+    a digit in 1..5 at a word end (any case). This grammar is any bytes, then `rating` at
+    a word start, `:` or `=`, optional `*`s and spaces, a digit, and the end of the reply:
+    free reasoning first, and whatever the mask allows parses. Masked (not a detector), so
+    with a token budget the rating is written before the budget ends
+    (`constraint.mask_logits`'s ``remaining``).
+    """
+    if not 0 <= low <= high <= 9:
+        raise ValueError(f"a rating is one digit: need 0 <= low <= high <= 9, got {low}..{high}")
+    word_start = _opt(_seq(_star(_set(range(256))), _NONWORD))
+    return _seq(
+        word_start,
+        _nocase(b"rating"),
+        _SPACE,
+        _set(b":="),
+        _SPACE,
+        _star(_lit(b"*")),
+        _SPACE,
+        _set(bytes(range(ord("0") + low, ord("0") + high + 1))),
+    )
+
+
 def stop_grammar(strings) -> tuple:
     """Any reply up to and including the first occurrence of one of `strings` (UTF-8)."""
     return _seq(_star(_set(range(256))), _alt(*(_lit(s.encode()) for s in strings)))

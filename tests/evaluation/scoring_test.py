@@ -87,12 +87,13 @@ def test_parse_rating(text, score):
 def test_judge_batches_and_keeps_unparsed_as_none():
     seen = []
 
-    def policy(conversations):
-        seen.append(len(conversations))
-        return ["Fine.\nRating: 4", "no idea"]
+    class Policy:
+        def complete(self, conversations, *, answers=None, stop=None):
+            seen.append((len(conversations), answers))
+            return ["Fine.\nRating: 4", "no idea"]
 
-    out = judge.judge(policy, [("adds", "sums"), ("sorts", "")])
-    assert seen == [2]
+    out = judge.judge(Policy(), [("adds", "sums"), ("sorts", "")])
+    assert seen == [(2, [judge.RATING, judge.RATING])]
     assert [r.score for r in out] == [4, None]
     assert "(no description given)" in judge.judge_messages("x", "")[0]["content"]
 
@@ -124,9 +125,12 @@ def test_score_episodes_batches_judge_and_coder(executor):
     ]
     calls = []
 
-    def judge_policy(conversations):
-        calls.append(("judge", len(conversations)))
-        return ["Rating: 4"] * len(conversations)
+    class JudgePolicy:
+        def complete(self, conversations, *, answers=None, stop=None):
+            calls.append(("judge", len(conversations)))
+            return ["Rating: 4"] * len(conversations)
+
+    judge_policy = JudgePolicy()
 
     def coder_policy(conversations):
         calls.append(("coder", len(conversations)))

@@ -357,3 +357,43 @@ def test_random_typed_replies_read_as_the_literal_they_spell():
     for args in [({(): 1}, [{()}]), ([], {1: [()]}), (set(), (1.5, "a")), ([[1], 2.0],)]:
         shapes = _shapes(args)
         _check_sound(_dfa(len(args), shapes=shapes), len(args), "fence", n=60, seed=len(shapes))
+
+
+RATINGS_VALID = [
+    ("Rating: 5", 5),
+    ("The hypothesis states the same behaviour.\nRating: 4", 4),
+    ("Explanation: wrong property.\n\nrating=2", 2),
+    ("RATING : **3", 3),
+    ("It is close (a detail differs).\nRating:1", 1),
+    ("Rating: 2 at first, but on reflection:\nRating: 3", 3),
+    ("é — Rating:\t5", 5),
+]
+RATINGS_INVALID = [
+    "",
+    "Rating: 6",
+    "Rating: 0",
+    "Rating: 5 because it matches",
+    "Rating: 45",
+    "rating 4",
+    "xRating: 3",
+    "Rating: five",
+    "The rating is 2.",
+]
+
+
+@pytest.mark.parametrize("reply,score", RATINGS_VALID)
+def test_hand_written_ratings_are_accepted_and_read_as_written(reply, score):
+    from pau_jax.evaluation import judge
+
+    assert _rating_dfa().accepts(reply.encode()), reply
+    assert judge.parse_rating(reply) == score
+
+
+@pytest.mark.parametrize("reply", RATINGS_INVALID)
+def test_replies_without_a_final_rating_are_refused(reply):
+    assert not _rating_dfa().accepts(reply.encode()), reply
+
+
+@functools.cache
+def _rating_dfa() -> input_grammar.ByteDFA:
+    return input_grammar.compile_dfa(input_grammar.rating_grammar())

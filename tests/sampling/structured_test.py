@@ -308,3 +308,22 @@ def test_bad_starts_and_vocabulary_mismatch_fail_in_one_line(tiny_model):
     )
     with pytest.raises(ValueError, match="build it with vocab_size"):
         generate(tiny_model, PROMPTS, max_new_tokens=4, automaton=wide)
+
+
+def test_every_masked_rating_reply_parses_within_its_budget(tiny_model):
+    """A grader's reply under the rating mask always ends with a rating the judge reads."""
+    from pau_jax.evaluation import judge
+
+    automaton = _build(constraint.RATING)
+    for budget, seed in ((12, 0), (40, 1)):
+        out = generate(
+            tiny_model, PROMPTS, max_new_tokens=budget, temperature=1.0, n_samples=32, seed=seed,
+            automaton=automaton, automaton_starts=[automaton.starts[0]] * 4, stop_token_ids=[STOP],
+        )  # fmt: skip
+        texts = [_text(ids) for ids in out.tokens]
+        scores = [judge.parse_rating(t) for t in texts]
+        assert None not in scores, [t for t, s in zip(texts, scores) if s is None][:3]
+        assert all(t.rstrip()[-1] == str(s) for t, s in zip(texts, scores))
+        assert all(len(ids) <= budget for ids in out.tokens)
+        if budget == 40:  # free text first: the replies are not all the shortest rating
+            assert len(set(texts)) > 100 and min(len(t) for t in texts) > len("Rating: 5")
