@@ -210,12 +210,15 @@ def test_paper_evaluation_defaults(parse):
     )
 
 
-def test_the_cpu_preset_masks_its_judge_and_as_released_unmasks_it(parse):
+def test_the_cpu_preset_masks_its_graders_and_as_released_unmasks_them(parse):
     parse("eval/coder_cpu.gin")
     judge = _make("pau_jax.policy.config.SamplingConfig", scope="judge")
     assert judge.structured == "constrain_inputs" and judge.max_new_tokens == 96
+    coder = _make("pau_jax.policy.config.SamplingConfig", scope="coder")
+    assert coder.structured == "constrain_inputs" and coder.max_new_tokens == 256
     # The agent is not masked by the preset (the protocol's own format errors are counted).
     assert _make("pau_jax.policy.config.SamplingConfig", scope="policy").structured == "off"
     parse("eval/coder_cpu.gin", "variants/as_released.gin")
-    judge = _make("pau_jax.policy.config.SamplingConfig", scope="judge")
-    assert judge.structured == "off" and judge.enable_thinking
+    for seat in ("judge", "coder"):
+        sampling = _make("pau_jax.policy.config.SamplingConfig", scope=seat)
+        assert sampling.structured == "off" and sampling.enable_thinking, seat

@@ -299,8 +299,9 @@ class AnswerShape:
     """What the current phase's reply must hold, for a policy's structured decoding.
 
     kind: 'input' (a fenced literal tuple of `arity` values, as `prompts.generate_messages`
-    asks), 'decision' (a revision: hypothesis, then a `Decision:` label) or 'rating' (a
-    grader's reply ending with `Rating: 1..5`, `evaluation.judge`). shapes: for an
+    asks), 'decision' (a revision: hypothesis, then a `Decision:` label), 'rating' (a
+    grader's reply ending with `Rating: 1..5`, `evaluation.judge`) or 'code' (a coder's
+    reply, one closed ```python block, `evaluation.code_match`). shapes: for an
     input, each argument's shape over the shown examples (`input_example.argument_shapes`;
     () when none has the arity).
     """

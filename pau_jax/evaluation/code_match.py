@@ -10,12 +10,18 @@ not be obtained (the reference call timed out, ran out of memory, crashed its
 worker or returned a result too large to send) is not compared: it leaves the
 score and is counted in `incomparable`. Code that does not parse or define the
 entry function scores 0 on every input and is flagged.
+
+The coder is asked through `policy.complete` with the answer shape `CODE`: a local
+coder whose sampling has `structured` other than 'off' writes exactly one ```python
+block and closes it before its token budget ends (`sampling.input_grammar.code_grammar`),
+so its block is always read; with 'off' and for an endpoint nothing is masked.
 """
 
 import dataclasses
 import re
 from collections.abc import Sequence
 
+from pau_jax.env.episode import AnswerShape
 from pau_jax.env.parse import strip_think
 from pau_jax.sandbox import values
 
@@ -59,6 +65,16 @@ def coder_messages(header: str, description: str, examples: Sequence[str] = ()) 
         "Standard-library imports are allowed inside the block."
     )
     return [{"role": "user", "content": user}]
+
+
+# What a coder's reply must be (masked only by a local coder with structured decoding).
+CODE = AnswerShape("code")
+
+
+def write_code(coder, conversations: Sequence[list[dict]]) -> list[str]:
+    """The code of each coder conversation (`coder_messages`), in one batched call."""
+    replies = coder.complete(conversations, answers=[CODE] * len(conversations))
+    return [extract_code(r if isinstance(r, str) else r.text) for r in replies]
 
 
 def extract_code(text: str) -> str:

@@ -69,7 +69,7 @@ def score_episodes(
             else []
         )
         coder_prompts.append(code_match.coder_messages(ref.header, r["prediction"], shown))
-    codes = [code_match.extract_code(t) for t in coder_policy(coder_prompts)] if records else []
+    codes = code_match.write_code(coder_policy, coder_prompts) if records else []
     out = []
     for r, code in zip(records, codes, strict=True):
         ref = references[r["task_id"]]

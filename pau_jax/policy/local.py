@@ -46,6 +46,8 @@ _RETRY_SEED_STRIDE = 1_000_003
 
 # `SamplingConfig.structured` modes that mask input replies.
 _MASKED = ("constrain_inputs", "typed_inputs")
+# A grader's answer shape -> its masked component (under any structured mode but 'off').
+_GRADER_COMPONENTS = {"rating": constraint.RATING, "code": constraint.CODE}
 
 # End-of-turn / end-of-text tokens of the supported chat formats (Qwen, Llama 3).
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
@@ -123,8 +125,8 @@ class LocalPolicy:
 
         A row follows the input grammar of its arity ('constrain_inputs'; 'typed_inputs'
         with its arguments' shapes; an input shape), with tokens bounded so the reply stays
-        readable (`_input_bounds`), a grader's rating line (a rating shape, under any
-        structured mode but 'off'), the revision detector ('end_at_answer' or
+        readable (`_input_bounds`), a grader's rating line or closed code block (a rating
+        or code shape, under any structured mode but 'off'), the revision detector ('end_at_answer' or
         'constrain_inputs', a decision shape; with the row's stop strings too), or a
         stop-string detector (stop strings alone).
         """
@@ -137,8 +139,8 @@ class LocalPolicy:
                 components[i] = constraint.Component(
                     "input", arity=shape.arity, shapes=typed, **_input_bounds(s.max_new_tokens)
                 )
-            elif shape is not None and shape.kind == "rating":
-                components[i] = constraint.RATING
+            elif shape is not None and shape.kind in _GRADER_COMPONENTS:
+                components[i] = _GRADER_COMPONENTS[shape.kind]
             elif shape is not None and shape.kind == "decision":
                 components[i] = constraint.Component("decision", stop=row_stop)
             elif row_stop:

@@ -126,7 +126,7 @@ def vocabulary(tokenizer) -> Vocabulary:
     return Vocabulary(out)
 
 
-KINDS = ("input", "rating", "decision", "stop")
+KINDS = ("input", "rating", "code", "decision", "stop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +136,9 @@ class Component:
     'input': `input_grammar.grammar(arity, wrapper, depth, shapes)`, masked (only tokens
     that keep the reply in the grammar are allowed). 'rating': any reply ending with a
     `Rating: 1..5` line (`input_grammar.rating_grammar()`), masked: a grader's reply that
-    always parses. 'decision' and 'stop' are detectors: every token
+    always parses. 'code': one closed ```python block (`input_grammar.code_grammar()`),
+    masked: a coder's reply whose block is always read. 'decision' and 'stop' are
+    detectors: every token
     is allowed (special ones too) and the state only tells when the reply is complete:
     'decision' at its first revision label (`input_grammar.decision_grammar()`) or at any
     of `stop`, 'stop' at the first of the strings `stop` (as a server's stop strings).
@@ -164,7 +166,7 @@ class Component:
             raise ValueError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
         if self.kind == "stop" and not self.stop:
             raise ValueError("a 'stop' component needs at least one stop string")
-        if self.kind in ("input", "rating") and self.stop:
+        if self.kind in ("input", "rating", "code") and self.stop:
             raise ValueError(
                 f"an {self.kind!r} component ends with its grammar; it takes no stop strings"
             )
@@ -176,6 +178,7 @@ class Component:
 
 DECISION = Component("decision")
 RATING = Component("rating")
+CODE = Component("code")
 
 
 def build(
@@ -270,6 +273,10 @@ def _distances(next_state: np.ndarray, accepting: np.ndarray) -> np.ndarray:
         dist = new
 
 
+# Masked components whose grammar takes no settings: kind -> the grammar.
+_WHOLE_REPLY = {"rating": input_grammar.rating_grammar, "code": input_grammar.code_grammar}
+
+
 def _byte_dfa(component: Component) -> tuple[input_grammar.ByteDFA, bool]:
     """The component's byte DFA and whether it is a detector (its accepting states absorb)."""
     if component.kind == "input":
@@ -277,8 +284,8 @@ def _byte_dfa(component: Component) -> tuple[input_grammar.ByteDFA, bool]:
             component.arity, component.wrapper, component.depth, component.shapes
         )
         return input_grammar.compile_dfa(grammar), False
-    if component.kind == "rating":
-        return input_grammar.compile_dfa(input_grammar.rating_grammar()), False
+    if component.kind in _WHOLE_REPLY:
+        return input_grammar.compile_dfa(_WHOLE_REPLY[component.kind]()), False
     parts = [input_grammar.decision_grammar()] if component.kind == "decision" else []
     if component.stop:
         parts.append(input_grammar.stop_grammar(component.stop))

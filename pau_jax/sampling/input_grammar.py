@@ -378,6 +378,30 @@ def rating_grammar(low: int = 1, high: int = 5) -> tuple:
     )
 
 
+def code_grammar() -> tuple:
+    """A reply that is one fenced Python block, closed: `evaluation.code_match`'s reading.
+
+    The coder is asked for "the complete function in one ```python code block, nothing
+    else". This grammar is optional leading spaces, the opening fence (```, optionally
+    `python` or `py` in any case, spaces or tabs), a newline, a body in which ``` never
+    occurs (a backtick is followed by anything but a backtick, and the body does not end
+    with one), then the closing ``` that ends the reply. `code_match.extract_code` then
+    reads the body as written. Masked, so with a token budget the block is closed before
+    the budget ends.
+    """
+    not_tick = _set(bytes(b for b in range(256) if b != ord("`")))
+    body = _star(_alt(not_tick, _seq(_lit(b"`"), not_tick), _seq(_lit(b"``"), not_tick)))
+    return _seq(
+        _SPACE,
+        _lit(b"```"),
+        _opt(_alt(_nocase(b"python"), _nocase(b"py"))),
+        _star(_set(b" \t")),
+        _lit(b"\n"),
+        body,
+        _lit(b"```"),
+    )
+
+
 def stop_grammar(strings) -> tuple:
     """Any reply up to and including the first occurrence of one of `strings` (UTF-8)."""
     return _seq(_star(_set(range(256))), _alt(*(_lit(s.encode()) for s in strings)))

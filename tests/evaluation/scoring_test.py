@@ -6,6 +6,17 @@ from pau_jax.evaluation import code_match, judge
 from pau_jax.sandbox import Executor
 from pau_jax.tasks import TaskReference
 
+
+class _Policy:
+    """A policy (its `complete`) answering with ``fn(conversations)``."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def complete(self, conversations, *, answers=None, stop=None):
+        return self.fn(conversations)
+
+
 TRUE_CODE = """\
 def test_func(arg0):
     if not isinstance(arg0, list):
@@ -132,15 +143,21 @@ def test_score_episodes_batches_judge_and_coder(executor):
 
     judge_policy = JudgePolicy()
 
-    def coder_policy(conversations):
-        calls.append(("coder", len(conversations)))
-        assert all("test_func(1) -> 2" in c[0]["content"] for c in conversations)
-        out = []
-        for c in conversations:
-            text = c[0]["content"]
-            tid = next(t for t in tasks if f"guess for {t}" in text)
-            out.append(f"```python\n{tasks[tid].code}```" if tid != "demo/sorted" else "no code")
-        return out
+    class CoderPolicy:
+        def complete(self, conversations, *, answers=None, stop=None):
+            calls.append(("coder", len(conversations)))
+            assert answers == [code_match.CODE] * len(conversations)
+            assert all("test_func(1) -> 2" in c[0]["content"] for c in conversations)
+            out = []
+            for c in conversations:
+                text = c[0]["content"]
+                tid = next(t for t in tasks if f"guess for {t}" in text)
+                out.append(
+                    f"```python\n{tasks[tid].code}```" if tid != "demo/sorted" else "no code"
+                )
+            return out
+
+    coder_policy = CoderPolicy()
 
     scored = score.score_episodes(
         records, references, judge_policy=judge_policy, coder_policy=coder_policy,
@@ -179,7 +196,7 @@ def test_with_observations_shows_examples_first_and_copies_source(executor):
 
     for with_observations in (True, False):
         (scored,) = score.score_episodes(
-            [record], {"t": reference}, coder_policy=coder, executor=executor,
+            [record], {"t": reference}, coder_policy=_Policy(coder), executor=executor,
             with_observations=with_observations,
         )  # fmt: skip
         assert scored["code_match"] == 1.0 and scored["source"] == "mbpp"
@@ -255,7 +272,7 @@ def test_scored_records_and_metrics_report_incomparable_items(executor):
         return [f"```python\n{CORRECT}```"] * len(conversations)
 
     scored = score.score_episodes(
-        records, refs, coder_policy=coder, executor=executor, timeout_s=0.5
+        records, refs, coder_policy=_Policy(coder), executor=executor, timeout_s=0.5
     )
     by_id = {r["task_id"]: r for r in scored}
     assert by_id["hangs"]["code_match"] is None and by_id["hangs"]["code_match_incomparable"] == 1

@@ -397,3 +397,41 @@ def test_replies_without_a_final_rating_are_refused(reply):
 @functools.cache
 def _rating_dfa() -> input_grammar.ByteDFA:
     return input_grammar.compile_dfa(input_grammar.rating_grammar())
+
+
+CODE_VALID = [
+    "```python\ndef test_func(a):\n    return a + 1\n```",
+    "```py\ndef test_func(a): return a\n```",
+    "  ```Python \ndef test_func(s):\n    return s.replace('`', '')  # one `tick`\n```",
+    "```\ndef test_func():\n    return '``x'\n```",
+    "```python\ndef test_func(x):\n    return '<think>' + x\n```",
+]
+CODE_INVALID = [
+    "",
+    "def test_func(a):\n    return a",  # no block
+    "```python\ndef test_func(a):\n    return a",  # not closed
+    "Here:\n```python\ndef test_func(a): return a\n```",  # prose first
+    "```python\ndef test_func(a): return a\n```\nDone.",  # prose after
+    "```python def test_func(a): return a```",  # no newline after the fence
+    "```python\nx = '```'\n```",  # a fence inside the body
+    "```python\nx = 1`\n````",
+]
+
+
+@pytest.mark.parametrize("reply", CODE_VALID)
+def test_hand_written_code_blocks_are_accepted_and_read_as_written(reply):
+    from pau_jax.evaluation import code_match
+
+    assert _code_dfa().accepts(reply.encode()), reply
+    body = reply.split("\n", 1)[1].rsplit("```", 1)[0]
+    assert code_match.extract_code(reply) == body.strip() + "\n"
+
+
+@pytest.mark.parametrize("reply", CODE_INVALID)
+def test_replies_that_are_not_one_closed_block_are_refused(reply):
+    assert not _code_dfa().accepts(reply.encode()), reply
+
+
+@functools.cache
+def _code_dfa() -> input_grammar.ByteDFA:
+    return input_grammar.compile_dfa(input_grammar.code_grammar())

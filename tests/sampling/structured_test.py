@@ -327,3 +327,22 @@ def test_every_masked_rating_reply_parses_within_its_budget(tiny_model):
         assert all(len(ids) <= budget for ids in out.tokens)
         if budget == 40:  # free text first: the replies are not all the shortest rating
             assert len(set(texts)) > 100 and min(len(t) for t in texts) > len("Rating: 5")
+
+
+def test_every_masked_code_reply_is_one_closed_block_within_its_budget(tiny_model):
+    """A coder's reply under the code mask is one ```python block, closed, read as written."""
+    from pau_jax.evaluation import code_match
+
+    automaton = _build(constraint.CODE)
+    for budget, seed in ((8, 0), (40, 1)):
+        out = generate(
+            tiny_model, PROMPTS, max_new_tokens=budget, temperature=1.0, n_samples=32, seed=seed,
+            automaton=automaton, automaton_starts=[automaton.starts[0]] * 4, stop_token_ids=[STOP],
+        )  # fmt: skip
+        texts = [_text(ids) for ids in out.tokens]
+        for text in texts:
+            assert text.lstrip().startswith("```") and text.endswith("```"), text
+            body = text.lstrip().split("\n", 1)[1][:-3]  # after the opening fence's line
+            assert "```" not in body and code_match.extract_code(text) == body.strip() + "\n"
+        assert all(len(ids) <= budget for ids in out.tokens)
+        assert len(set(texts)) > 64
