@@ -29,7 +29,7 @@ CONFIG_MODULES = (
     "pau_jax.tasks",  # DatasetConfig, DemoTasksConfig (task sources of every run mode)
     "pau_jax.training.run",  # ActorConfig (the trained model and its adapters)
     "pau_jax.parallel",
-    "pau_jax.evaluation.memory",  # MemoryConfig (the memory baseline)
+    "pau_jax.evaluation.memory_baseline",  # MemoryConfig (the memory baseline)
     "pau_jax.policy.embeddings",  # LocalEmbeddingConfig, HTTPEmbeddingConfig
     "pau_jax.sft.finetune",  # FineTuneConfig (the ft baseline)
 )

@@ -80,7 +80,7 @@ RESUMABLE_FIELDS = {
     # How a missing split is built, not which split is read.
     "pau_jax.tasks.DatasetConfig": ("build_if_missing", "manual_dir"),
     # Prompts per policy call.
-    "pau_jax.evaluation.memory.MemoryConfig": ("batch_size",),
+    "pau_jax.evaluation.memory_baseline.MemoryConfig": ("batch_size",),
     # A sandbox call's wall-clock limit (machine-dependent), calls in flight, cache memory.
     "pau_jax.rl.rollout.RolloutConfig": (
         "call_timeout_s",

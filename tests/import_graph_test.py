@@ -251,7 +251,7 @@ def test_the_checks_can_fail(tmp_path):
     [
         ("pau_jax.rl.loop", "//pau_jax/rl"),
         ("pau_jax.parallel", "//pau_jax:parallel"),
-        ("pau_jax.tools.memory", "//pau_jax/tools:memory"),
+        ("pau_jax.tools.memory_estimate", "//pau_jax/tools:memory_estimate"),
         ("pau_jax", "//pau_jax"),
         ("numpy", None),
     ],

@@ -287,7 +287,7 @@ def test_baselines_and_compare(tmp_path):
 def test_aac_on_accelerators(tmp_path):
     memory, local, tpu, slurm = readme_commands("AAC on GPUs or TPUs with a real checkpoint")
     estimate = subprocess.run(
-        [sys.executable, "-m", "pau_jax.tools.memory", *_argv(memory, "python -m pau_jax.tools.memory")],
+        [sys.executable, "-m", "pau_jax.tools.memory_estimate", *_argv(memory, "python -m pau_jax.tools.memory_estimate")],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV,
     )  # fmt: skip
     assert estimate.returncode == 0, estimate.stderr[-2000:]

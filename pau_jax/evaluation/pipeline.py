@@ -17,7 +17,7 @@ seat that is the agent's own checkpoint or endpoint counts as self-graded too.
 Modes (one module each under `modes/`, named in `modes.REGISTRY`): `interactive`
 and `in_context` (the paper's two), and the baselines `memory` (a second
 interactive episode informed by critiques of retrieved train functions;
-`memory.py`), `ft` (in-context with a LoRA adapter fine-tuned on the train
+`memory_baseline.py`), `ft` (in-context with a LoRA adapter fine-tuned on the train
 split's in-context prompt -> gold description pairs, by the injected
 `fine_tune_fn`) and `gold` (the coder's code from the gold description and the
 shown examples: the upper bound of code match; `gold.py`). Their statistics are
@@ -62,7 +62,7 @@ from pau_jax.evaluation import (
     score,  # noqa: F401 (kept as `pipeline.score` for callers)
     stats,
 )
-from pau_jax.evaluation import memory as memory_lib
+from pau_jax.evaluation import memory_baseline as memory_lib
 from pau_jax.evaluation.judge import JUDGE_PROMPT_VERSION
 from pau_jax.evaluation.modes import REGISTRY, Context, Options
 from pau_jax.evaluation.modes.context import train_dataset as _train_dataset

@@ -9,7 +9,8 @@ import pytest
 
 from pau_jax import run_claim
 from pau_jax.env import runner
-from pau_jax.evaluation import memory, pipeline
+from pau_jax.evaluation import memory_baseline as memory
+from pau_jax.evaluation import pipeline
 from pau_jax.policy import backends, embeddings, scripted
 from pau_jax.tasks import DatasetConfig
 from pau_jax.tasks import pau_dataset as tasks

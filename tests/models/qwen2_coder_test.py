@@ -20,7 +20,8 @@ from pau_jax.policy.config import SamplingConfig
 from pau_jax.policy.local import LocalPolicy
 from pau_jax.sampling import generate
 from pau_jax.tokenizer import load_tokenizer
-from pau_jax.tools import fetch, memory
+from pau_jax.tools import fetch
+from pau_jax.tools import memory_estimate as memory
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 

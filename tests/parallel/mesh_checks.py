@@ -23,7 +23,7 @@ from flax import nnx  # noqa: E402
 
 from pau_jax import parallel  # noqa: E402
 from pau_jax.sampling import generate  # noqa: E402
-from pau_jax.tools import memory  # noqa: E402
+from pau_jax.tools import memory_estimate as memory  # noqa: E402
 
 PROMPTS = [[5, 17, 3, 44, 9], [61, 2], [7, 7, 7, 30, 12, 90, 1], [33]]
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from pau_jax.evaluation import memory
+from pau_jax.evaluation import memory_baseline as memory
 from pau_jax.policy import embeddings
 from pau_jax.tasks import pau_dataset
 from pau_jax.tools import fetch

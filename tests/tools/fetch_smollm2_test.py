@@ -10,7 +10,8 @@ import pytest
 import safetensors.numpy
 
 from pau_jax.models import llama
-from pau_jax.tools import fetch, fetch_smollm2, memory
+from pau_jax.tools import fetch, fetch_smollm2
+from pau_jax.tools import memory_estimate as memory
 
 SMOLLM2_PARAMETERS = 134_515_008  # published total of SmolLM2-135M (tied embedding counted once)
 

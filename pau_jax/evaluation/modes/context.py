@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pau_jax.env import runner
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.evaluation import memory as memory_lib
+from pau_jax.evaluation import memory_baseline as memory_lib
 from pau_jax.evaluation import score
 from pau_jax.policy import backends
 from pau_jax.policy.backends import Seat

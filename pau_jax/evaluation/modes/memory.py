@@ -1,7 +1,7 @@
 """The memory baseline: a second interactive episode informed by critiques of retrieved train tasks."""
 
 from pau_jax.env import runner
-from pau_jax.evaluation import memory
+from pau_jax.evaluation import memory_baseline as memory
 from pau_jax.evaluation.modes.context import (
     Context,
     Mode,

@@ -11,7 +11,7 @@ from flax import nnx
 from pau_jax import parallel
 from pau_jax.models import kv_cache, lora, qwen3
 from pau_jax.rl import learner
-from pau_jax.tools import memory
+from pau_jax.tools import memory_estimate as memory
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Per-device memory of a configured model, mesh and batch, and whether it fits a chip.
 
-    python -m pau_jax.tools.memory --gin_file=models/qwen3_8b.gin --gin_file=mesh/fsdp8.gin \\
+    python -m pau_jax.tools.memory_estimate --gin_file=models/qwen3_8b.gin --gin_file=mesh/fsdp8.gin \\
         --chip=h200 --batch=64 --seq_len=4096
 
 Parameters, LoRA adapters and optimizer state are counted exactly from the
@@ -313,7 +313,7 @@ def report(est: MemoryEstimate, *, chip: str | None, mesh_text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pau_jax.tools.memory", description=__doc__.split("\n")[0]
+        prog="python -m pau_jax.tools.memory_estimate", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--gin_file", action="append", required=True, help="model preset, mesh or run file"
