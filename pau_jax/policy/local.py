@@ -29,7 +29,11 @@ class Completion:
       token_ids: the sampled token ids, the stop token that ended the reply included.
       logprobs: per sampled token, log_softmax(logits / T) at the sampling temperature T
         (T = 1 for greedy replies) of the model's raw logits, before any repetition
-        penalty: what a learner scoring the tokens at T computes.
+        penalty, over the tokens a structured-decoding mask allowed: what a learner
+        scoring the tokens at T under the same masks computes.
+      masks: per sampled token, the packed set of tokens its mask allowed
+        (`sampling.constraint.effective_masks`; None: every token); () when no token
+        of the reply was masked.
     """
 
     text: str
@@ -39,6 +43,14 @@ class Completion:
     prompt_ids: tuple[int, ...] = ()
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] = ()
+    masks: tuple = dataclasses.field(default=(), compare=False, repr=False)
+
+
+def _masks(automaton, states, max_new_tokens: int) -> tuple:
+    """A reply's per-token masks (`constraint.effective_masks`); () when none masked a token."""
+    remaining = max_new_tokens - np.arange(len(states))
+    masks = constraint.effective_masks(automaton, states, remaining)
+    return tuple(masks) if any(m is not None for m in masks) else ()
 
 
 # Redraw n of call seed k uses seed k + n * stride (clear of the next calls' seeds).
@@ -294,8 +306,11 @@ class LocalPolicy:
         stats["prefill_seconds"] += out.prefill_seconds
         stats["decode_seconds"] += out.decode_seconds
         drawn = {}
-        for i, ids, logprobs, reason in zip(
-            rows, out.tokens, out.plain_logprobs, out.finish_reasons, strict=True
+        masks = [()] * len(rows)
+        if automaton is not None:  # each token's mask, for a learner that scores it masked
+            masks = [_masks(automaton, states, s.max_new_tokens) for states in out.states]
+        for i, ids, logprobs, reason, row_masks in zip(
+            rows, out.tokens, out.plain_logprobs, out.finish_reasons, masks, strict=True
         ):
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             at = output.stop_position(text, stop[i]) if stop is not None else -1
@@ -309,6 +324,7 @@ class LocalPolicy:
                 prompt_ids=tuple(prompts[i]),
                 token_ids=tuple(int(t) for t in ids),
                 logprobs=tuple(float(x) for x in logprobs),
+                masks=row_masks,
             )
         return drawn
 

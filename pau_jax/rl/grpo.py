@@ -225,7 +225,9 @@ class GRPOLoss:
 
     With ``config.beta > 0`` the reference log-probs come from the same model with
     every adapter zeroed (``training.step.reference_model``), without gradient. A batch
-    with ``score_positions`` has its head run on those columns only (policy and reference).
+    with ``score_positions`` has its head run on those columns only (policy and reference);
+    one with masks (``mask_table``) scores each token under the mask it was sampled with,
+    so the ratio and the KL are those of the masked policies.
     ``remat`` recomputes the policy forward's layer activations in the backward pass, for
     (micro-)batches of at least ``remat_min_tokens`` tokens (rows x length; static shapes,
     so the choice is made per compiled shape).
@@ -245,6 +247,7 @@ class GRPOLoss:
             chunk_tokens=self.chunk_tokens,
             remat=self.remat and batch.input_ids.size >= self.remat_min_tokens,
             positions=batch.score_positions,
+            masks=_masks(batch),
         )
         ref_logp = None
         if self.config.beta > 0:
@@ -255,6 +258,7 @@ class GRPOLoss:
                 temperature=self.config.temperature,
                 chunk_tokens=self.chunk_tokens,
                 positions=batch.score_positions,
+                masks=_masks(batch),
             )
             ref_logp = jax.lax.stop_gradient(ref_logp)
         return policy_loss(
@@ -271,6 +275,13 @@ class GRPOLoss:
 
     def metrics(self, loss_sum, denominator, stats) -> dict:
         return metrics(loss_sum, denominator, stats)
+
+
+def _masks(batch):
+    """A batch's structured-decoding masks as ``token_logprobs`` takes them, or None."""
+    if batch.mask_table is None:
+        return None
+    return batch.mask_table, batch.mask_index
 
 
 def metrics(loss_sum: jax.Array, denominator: jax.Array, stats: dict[str, jax.Array]) -> dict:

@@ -79,6 +79,10 @@ class Batch:
         scores only these (``training.logprobs.token_logprobs``'s ``positions``), so the
         vocabulary head never runs on prompt and tool tokens; every loss column must be
         listed. None: every column is scored.
+      mask_table, mask_index: the structured-decoding masks of the scored columns:
+        [R, W] uint32 packed allowed sets (row 0 allows every token) and [B, P] int32 a
+        row per ``score_positions`` entry, so each sampled token is scored under the mask
+        it was drawn with (``rl.samples.make_batch``); None: no mask.
     """
 
     input_ids: jax.Array
@@ -89,6 +93,8 @@ class Batch:
     sequence_tokens: jax.Array | None = None
     sequences: jax.Array | None = None
     score_positions: jax.Array | None = None
+    mask_table: jax.Array | None = None
+    mask_index: jax.Array | None = None
 
 
 def init_state(model: nnx.Module, config: LearnerConfig) -> TrainState:

@@ -26,7 +26,7 @@ from pau_jax.env.runner import EpisodeSpec, FinishedEpisode
 from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig, check_prefix_cache_gib
 from pau_jax.rl import critic as critic_lib
 from pau_jax.rl import rewards as rewards_lib
-from pau_jax.rl.samples import EpisodeSample, Sample, episode_sample
+from pau_jax.rl.samples import EpisodeSample, Sample, episode_sample, reply_masks
 from pau_jax.tasks.reference import TaskReference
 
 
@@ -70,13 +70,6 @@ class RolloutConfig:
             )
         if self.sampling.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.sampling.max_new_tokens}")
-        if self.sampling.structured in ("constrain_inputs", "typed_inputs"):
-            raise ValueError(
-                f"RolloutConfig.sampling.structured={self.sampling.structured!r} is for "
-                "evaluation only: "
-                "the learner scores tokens under the unmasked policy, so masked rollouts would "
-                "bias the GRPO ratio and KL (docs/reproducing.md); use 'end_at_answer' or 'off'"
-            )
         if self.sampling.resample_repeats:
             raise ValueError(
                 "RolloutConfig.sampling.resample_repeats is for evaluation only: a redrawn "
@@ -132,11 +125,13 @@ def _sample(reply, advantage: float, where: str) -> Sample:
                 f"{where}: the actor's reply has no {name}; the actor must return token ids "
                 "and log-probs (use a LocalPolicy)"
             )
+    masks = reply_masks(reply)
     return Sample(
         prompt_ids=list(reply.prompt_ids),
         completion_ids=list(reply.token_ids),
         sampler_logprobs=list(reply.logprobs),
         advantage=float(advantage),
+        masks=masks if any(m is not None for m in masks) else (),
     )
 
 

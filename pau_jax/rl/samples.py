@@ -54,12 +54,16 @@ class Sample:
         distribution the learner compares against (``SampleOutput.plain_logprobs``
         for a learner at the rollout temperature).
       advantage: the sequence's advantage.
+      masks: per completion token, the packed set of tokens a structured-decoding mask
+        allowed it from (`sampling.constraint.effective_masks`; None: every token), so
+        the learner scores it under the same masked policy; empty: no mask anywhere.
     """
 
     prompt_ids: list[int]
     completion_ids: list[int]
     sampler_logprobs: list[float]
     advantage: float
+    masks: Sequence[np.ndarray | None] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,6 +79,8 @@ class EpisodeSample:
       phases: per completion token, the phase (from 1) whose reply it is; 0 on appended
         tokens, which are out of the loss.
       advantages: per phase, its advantage.
+      masks: per completion token, its mask as ``Sample.masks`` (None on appended tokens);
+        empty: no mask anywhere.
     """
 
     prompt_ids: list[int]
@@ -82,6 +88,7 @@ class EpisodeSample:
     sampler_logprobs: list[float]
     phases: list[int]
     advantages: list[float]
+    masks: Sequence[np.ndarray | None] = ()
 
 
 def episode_sample(replies: Sequence[Any], advantages: Sequence[float]) -> EpisodeSample | None:
@@ -100,7 +107,7 @@ def episode_sample(replies: Sequence[Any], advantages: Sequence[float]) -> Episo
         raise ValueError(f"{len(replies)} replies and {len(advantages)} advantages; pass one each")
     ids = [int(i) for i in replies[0].prompt_ids]
     first = len(ids)
-    logprobs, phases = [], []
+    logprobs, phases, masks = [], [], []
     for phase, reply in enumerate(replies, 1):
         prompt = reply.prompt_ids
         if len(prompt) < len(ids) or list(prompt[: len(ids)]) != ids:
@@ -110,13 +117,21 @@ def episode_sample(replies: Sequence[Any], advantages: Sequence[float]) -> Episo
         ids += appended + tokens
         logprobs += [0.0] * len(appended) + [float(x) for x in reply.logprobs]
         phases += [0] * len(appended) + [phase] * len(tokens)
+        masks += [None] * len(appended) + list(reply_masks(reply))
     return EpisodeSample(
         prompt_ids=ids[:first],
         completion_ids=ids[first:],
         sampler_logprobs=logprobs,
         phases=phases,
         advantages=[float(a) for a in advantages],
+        masks=masks if any(m is not None for m in masks) else (),
     )
+
+
+def reply_masks(reply) -> list[np.ndarray | None]:
+    """Per token of a reply, its structured-decoding mask (``Completion.masks``; None: none)."""
+    masks = list(getattr(reply, "masks", ()) or ())
+    return masks or [None] * len(reply.token_ids)
 
 
 def _check(index: int, sample: Sample | EpisodeSample) -> None:
@@ -250,6 +265,7 @@ def make_batch(
         sequence_tokens[row, start:] = tokens
         advantages[row] = 0.0 if isinstance(sample, EpisodeSample) else sample.advantage
     positions = _score_positions(loss, pad_to_multiple) if score_positions else None
+    table, index = _mask_columns(samples, length, positions)
     return Batch(
         input_ids=jnp.asarray(input_ids),
         attention_mask=jnp.asarray(attention),
@@ -259,7 +275,44 @@ def make_batch(
         sequence_tokens=jnp.asarray(sequence_tokens),
         sequences=jnp.asarray(sequences),
         score_positions=None if positions is None else jnp.asarray(positions),
+        mask_table=None if table is None else jnp.asarray(table),
+        mask_index=None if index is None else jnp.asarray(index),
     )
+
+
+def _mask_columns(samples, length: int, positions) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(table [R, W] uint32, index [B, P] int32): each scored column's structured-decoding mask.
+
+    Row 0 of the table allows every token (unmasked columns); the distinct masks follow,
+    R rounded up to a multiple of 8 (fewer compiled shapes). (None, None) when no sample
+    has a mask.
+    """
+    if not any(len(s.masks) for s in samples):
+        return None, None
+    if positions is None:
+        raise ValueError("samples with masks need score_positions (the masked columns)")
+    width = next(m.shape[0] for s in samples for m in s.masks if m is not None)
+    rows, seen = [np.full(width, 0xFFFFFFFF, np.uint32)], {}
+    index = np.zeros(positions.shape, np.int32)
+    for row, sample in enumerate(samples):
+        if not len(sample.masks):
+            continue
+        if len(sample.masks) != len(sample.completion_ids):
+            raise ValueError(f"sample {row}: {len(sample.masks)} masks for "
+                             f"{len(sample.completion_ids)} completion tokens")  # fmt: skip
+        start = length - len(sample.completion_ids)
+        column = {int(c): k for k, c in enumerate(positions[row]) if c > 0}
+        for offset, mask in enumerate(sample.masks):
+            if mask is None or start + offset not in column:
+                continue
+            key = mask.tobytes()
+            if key not in seen:
+                seen[key] = len(rows)
+                rows.append(np.asarray(mask, np.uint32))
+            index[row, column[start + offset]] = seen[key]
+    table = np.zeros((-(-len(rows) // 8) * 8, width), np.uint32)
+    table[: len(rows)] = rows
+    return table, index
 
 
 def _score_positions(loss: np.ndarray, multiple: int) -> np.ndarray:

@@ -439,6 +439,41 @@ def mask_logits(
     return jnp.where(keep, logits, jnp.asarray(-jnp.inf, logits.dtype))
 
 
+def effective_masks(
+    automaton: TokenAutomaton, states: np.ndarray, remaining: np.ndarray
+) -> list[np.ndarray | None]:
+    """Per token, the set `mask_logits` allowed it from: packed [ceil(V / 32)] uint32 bits.
+
+    On the host, for a learner that scores the tokens under the same masks as the sampler
+    (`training.logprobs.token_logprobs`'s ``masks``). None where every token of the
+    vocabulary was allowed (the `free` state, a detector), so unmasked tokens cost nothing.
+
+    Args:
+      automaton: the automaton the tokens were sampled under.
+      states: [n] each token's state before it was drawn (`SampleOutput.states`).
+      remaining: [n] the tokens left in the budget at each, that token included.
+    """
+    masks, mask_row = np.asarray(automaton.masks), np.asarray(automaton.mask_row)
+    next_state = np.asarray(automaton.next_state).astype(np.int32)
+    distance, token_class = np.asarray(automaton.distance), np.asarray(automaton.token_class)
+    vocab = automaton.vocab_size
+    out = []
+    for state, left in zip(np.asarray(states).tolist(), np.asarray(remaining).tolist()):
+        keep = np.unpackbits(masks[mask_row[state]].view(np.uint8), bitorder="little")[:vocab]
+        keep = keep.astype(bool)
+        near = (distance[np.maximum(next_state[state], 0)] < left)[token_class]
+        fits = keep & near
+        if fits.any():
+            keep = fits
+        if keep.all():
+            out.append(None)
+            continue
+        padded = np.zeros(masks.shape[1] * 32, bool)
+        padded[:vocab] = keep
+        out.append(np.packbits(padded, bitorder="little").view("<u4").astype(np.uint32))
+    return out
+
+
 def advance(automaton: TokenAutomaton, states: jax.Array, tokens: jax.Array) -> jax.Array:
     """[B] states, [B] sampled tokens -> [B] next states (`dead` after a disallowed token)."""
     classes = jnp.asarray(automaton.token_class)[tokens]

@@ -63,7 +63,8 @@ def _start(
     Returns:
       The carry dict: step, last, tokens/logprobs/plain [B, N], lengths, stopped, done,
       cache, with a penalty seen [B, V] (every id of the row's prompt, its last token
-      included, padding excluded), and with an automaton its states [B].
+      included, padding excluded), and with an automaton its states [B] and trace [B, N]
+      (each token's state before it was drawn).
     """
     batch = last_prompt_tokens.shape[0]
     zeros = jnp.zeros((batch, buffer_len), jnp.float32)
@@ -80,6 +81,7 @@ def _start(
     )
     if states is not None:
         carry["states"] = states
+        carry["trace"] = jnp.zeros((batch, buffer_len), jnp.int32)
     if prompt_ids is not None:
         ids = jnp.concatenate(
             [jnp.take(prompt_ids, row_source, axis=0), last_prompt_tokens[:, None]], 1
@@ -149,9 +151,13 @@ def _decode(graphdef, state, carry, settings: settings_lib.DecodeSettings):
                     f"{carry['seen'].shape[-1]}; repetition_penalty needs them equal"
                 )
             scores = logits.repetition_penalty_logits(raw, carry["seen"], repetition_penalty)
+        plain_logits = raw if penalise else None
         if automaton is not None:
             remaining = max_new_tokens - carry["lengths"]
             scores = constraint.mask_logits(automaton, carry["states"], scores, remaining)
+            # The plain log-probs are those of the masked policy without the penalty: what
+            # a learner applying the same mask computes (`constraint.effective_masks`).
+            plain_logits = constraint.mask_logits(automaton, carry["states"], raw, remaining)
         tokens, logprobs, plain = logits.sample_tokens(
             scores,
             jax.lax.dynamic_index_in_dim(settings.uniforms, step, axis=1, keepdims=False),
@@ -159,7 +165,7 @@ def _decode(graphdef, state, carry, settings: settings_lib.DecodeSettings):
             settings.top_k,
             settings.top_p,
             max_top_k=settings.max_top_k,
-            plain_logits=raw if penalise or automaton is not None else None,
+            plain_logits=plain_logits,
         )
         live = ~carry["done"]
         tokens = jnp.where(live, tokens, 0)
@@ -167,6 +173,7 @@ def _decode(graphdef, state, carry, settings: settings_lib.DecodeSettings):
         lengths = carry["lengths"] + live
         extra = dict(seen=logits.mark_seen(carry["seen"], tokens)) if penalise else {}
         if automaton is not None:  # a row whose answer is complete ends with this token
+            extra["trace"] = carry["trace"].at[:, step].set(carry["states"])
             states = constraint.advance(automaton, carry["states"], tokens)
             extra["states"] = jnp.where(live, states, carry["states"])
             hit_stop = hit_stop | (live & constraint.is_complete(automaton, states))

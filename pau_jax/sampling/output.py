@@ -15,7 +15,8 @@ class SampleOutput:
       logprobs: per row, [n] float32 log-prob of each token under the distribution it was
         drawn from (after temperature, top-k and top-p; 0 for greedy rows).
       plain_logprobs: per row, [n] float32 log_softmax(logits / T) at each token (T = 1 for
-        greedy rows): what a learner scoring the tokens at temperature T computes.
+        greedy rows), under the automaton's mask if any, without the penalty: what a
+        learner scoring the tokens at temperature T (with the same masks) computes.
       lengths: [R] int number of generated tokens per row.
       finish_reasons: per row, "stop" (a stop token or stop string) or "length".
       texts: per row, the decoded text cut before the first stop string; None when no
@@ -26,6 +27,8 @@ class SampleOutput:
       prefill_tokens: prompt tokens the prefill computed (distinct prompts, all but their
         last token, padding excluded).
       reused_tokens: prompt tokens whose keys and values came from a prefix cache.
+      states: with an automaton, per row [n] int32 each token's automaton state before it
+        was drawn (`constraint.effective_masks` gives the token's mask); else None.
     """
 
     tokens: list[list[int]]
@@ -39,6 +42,7 @@ class SampleOutput:
     decode_seconds: float
     prefill_tokens: int = 0
     reused_tokens: int = 0
+    states: list[np.ndarray] | None = None
 
     def padded_tokens(self, pad_id: int = 0) -> np.ndarray:
         """Returns the tokens as an [R, max(lengths)] int32 array padded with `pad_id`."""

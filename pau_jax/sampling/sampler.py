@@ -16,6 +16,7 @@ the key/value heads where the sizes divide (``sharding.constrain``); otherwise r
 """
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -99,8 +100,9 @@ def generate(
     Returns:
       A `SampleOutput` with P * G rows, prompt-major. With a penalty or an automaton,
       `logprobs` are those of the penalised and masked distribution drawn from;
-      `plain_logprobs` stay log_softmax(logits / T) of the raw logits (what a learner
-      computes).
+      `plain_logprobs` are log_softmax(logits / T) of the raw logits, masked by the
+      automaton (not penalised): what a learner computes, given each token's mask
+      (`states`, `constraint.effective_masks`).
     """
     settings_lib.check_arguments(max_new_tokens, n_samples, stop_token_ids, stop_strings, decode)
     prompt_lists = settings_lib.checked_prompts(prompts, prompt_mask, model.config.vocab_size)
@@ -143,13 +145,17 @@ def generate(
             graphdef, state, cache, layout, settings, rooms, model.config
         )
         results = [carry[k] for k in ("tokens", "logprobs", "plain", "lengths", "stopped")]
+        trace = np.asarray(carry["trace"]) if automaton is not None else None
     tokens, logprobs, plain, lengths, stopped = (np.asarray(x) for x in results)
     stats["decode_seconds"] = time.perf_counter() - start
     if prefix_cache is not None:
         prefix_cache.store_rows(carry["cache"], layout, tokens, lengths)
-    return _assemble(
+    out = _assemble(
         tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings, **stats
     )
+    if trace is None:
+        return out
+    return dataclasses.replace(out, states=[trace[r, :n].copy() for r, n in enumerate(out.lengths)])
 
 
 def _assemble(

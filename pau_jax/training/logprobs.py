@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 
 def logprobs_from_logits(
-    logits: jax.Array, targets: jax.Array, temperature: float = 1.0
+    logits: jax.Array, targets: jax.Array, temperature: float = 1.0, allowed=None
 ) -> tuple[jax.Array, jax.Array]:
     """Log-prob of each target and the entropy, under softmax(logits / temperature).
 
@@ -17,16 +17,28 @@ def logprobs_from_logits(
       logits: [..., V].
       targets: [...] int token ids.
       temperature: T > 0.
+      allowed: [..., V] bool, the tokens a structured-decoding mask allowed; the
+        softmax is then over those only (the masked policy). None: every token.
 
     Returns:
       ([...] float32 log-probs, [...] float32 entropies; the entropy carries no gradient).
     """
     scaled = logits.astype(jnp.float32) / temperature
+    if allowed is not None:
+        scaled = jnp.where(allowed, scaled, -jnp.inf)
     log_z = jax.nn.logsumexp(scaled, axis=-1)
     picked = jnp.take_along_axis(scaled, targets[..., None], axis=-1)[..., 0]
     probs = jnp.exp(scaled - log_z[..., None])
-    entropy = jax.lax.stop_gradient(log_z - jnp.sum(probs * scaled, axis=-1))
+    weighted = probs * scaled if allowed is None else jnp.where(allowed, probs * scaled, 0.0)
+    entropy = jax.lax.stop_gradient(log_z - jnp.sum(weighted, axis=-1))
     return picked - log_z, entropy
+
+
+def unpack_masks(words: jax.Array, vocab_size: int) -> jax.Array:
+    """[..., W] uint32 packed masks (bit t % 32 of word t // 32) -> [..., vocab_size] bool."""
+    shifts = jnp.arange(32, dtype=jnp.uint32)
+    bits = (words[..., None] >> shifts) & jnp.uint32(1)
+    return bits.reshape(*words.shape[:-1], -1)[..., :vocab_size].astype(bool)
 
 
 def token_logprobs(
@@ -38,6 +50,7 @@ def token_logprobs(
     chunk_tokens: int = 1024,
     remat: bool = False,
     positions: jax.Array | None = None,
+    masks: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Log-probs and entropies of the given tokens, without materialising [B, T, V] logits.
 
@@ -59,6 +72,10 @@ def token_logprobs(
         B * (T - 1): the vocabulary projection, softmax and its backward are most of
         the cost of a long prompt whose tokens are not in the loss. Every other column
         is 0 in the outputs; the wanted columns are the same numbers as without it.
+      masks: with ``positions``, (table [R, W] uint32 packed masks, index [B, P] int32 a
+        row of the table per position): each listed column's log-prob is taken under the
+        tokens its mask allows (a structured-decoding sampler's masked policy); row 0 of
+        the table allows every token.
 
     Returns:
       ([B, T] log-probs, [B, T] entropies of the predicting distribution), both
@@ -70,7 +87,9 @@ def token_logprobs(
         hidden = model.hidden_states(input_ids, attention_mask)
     b, t, d = hidden.shape
     if positions is not None:
-        return _logprobs_at(model, hidden, input_ids, positions, temperature, chunk_tokens)
+        return _logprobs_at(model, hidden, input_ids, positions, temperature, chunk_tokens, masks)
+    if masks is not None:
+        raise ValueError("masks need positions (the columns they belong to)")
     n = b * (t - 1)
     if n == 0:
         zeros = jnp.zeros((b, t), jnp.float32)
@@ -85,7 +104,7 @@ def token_logprobs(
     return unchunk(logp), unchunk(entropy)
 
 
-def _logprobs_at(model, hidden, input_ids, positions, temperature, chunk_tokens):
+def _logprobs_at(model, hidden, input_ids, positions, temperature, chunk_tokens, masks=None):
     """``token_logprobs`` of the columns ``positions`` [B, P] only, scattered into [B, T]."""
     b, t, d = hidden.shape
     p = positions.shape[1]
@@ -97,8 +116,12 @@ def _logprobs_at(model, hidden, input_ids, positions, temperature, chunk_tokens)
     # Column t is predicted by the hidden state of column t - 1.
     h = jnp.take_along_axis(hidden, jnp.maximum(positions - 1, 0)[..., None], axis=1)
     targets = jnp.take_along_axis(input_ids, positions, axis=1)
+    table = index = None
+    if masks is not None:
+        table, index = masks
+        index = index.reshape(b * p)
     logp, entropy = _chunked_head(
-        model, h.reshape(b * p, d), targets.reshape(b * p), temperature, chunk_tokens
+        model, h.reshape(b * p, d), targets.reshape(b * p), temperature, chunk_tokens, table, index
     )
     rows = jnp.arange(b)[:, None]
 
@@ -108,19 +131,30 @@ def _logprobs_at(model, hidden, input_ids, positions, temperature, chunk_tokens)
     return scatter(logp), scatter(entropy)
 
 
-def _chunked_head(model, hidden, targets, temperature, chunk_tokens):
-    """Log-probs and entropies of ``targets`` [N] from ``hidden`` [N, D], ``chunk_tokens`` at once."""
+def _chunked_head(model, hidden, targets, temperature, chunk_tokens, table=None, index=None):
+    """Log-probs and entropies of ``targets`` [N] from ``hidden`` [N, D], ``chunk_tokens`` at once.
+
+    With a mask ``table`` [R, W] and ``index`` [N] (a row per position), each position's
+    softmax is over the tokens its row allows.
+    """
     n, d = hidden.shape
     n_chunks = -(-n // chunk_tokens)
     size = -(-n // n_chunks)
     pad = n_chunks * size - n
     h = jnp.pad(hidden, ((0, pad), (0, 0))).reshape(n_chunks, size, d)
     targets = jnp.pad(targets, (0, pad)).reshape(n_chunks, size)
+    if index is None:
+        index = jnp.zeros(n, jnp.int32)
+    index = jnp.pad(index, (0, pad)).reshape(n_chunks, size)
 
     @jax.checkpoint
     def chunk(args):
-        h_chunk, target_chunk = args
-        return logprobs_from_logits(model.logits_from_hidden(h_chunk), target_chunk, temperature)
+        h_chunk, target_chunk, index_chunk = args
+        logits = model.logits_from_hidden(h_chunk)
+        allowed = None
+        if table is not None:
+            allowed = unpack_masks(jnp.take(table, index_chunk, axis=0), logits.shape[-1])
+        return logprobs_from_logits(logits, target_chunk, temperature, allowed)
 
-    logp, entropy = jax.lax.map(chunk, (h, targets))
+    logp, entropy = jax.lax.map(chunk, (h, targets, index))
     return logp.reshape(-1)[:n], entropy.reshape(-1)[:n]

@@ -97,14 +97,15 @@ def test_the_seen_arguments_are_the_shown_examples_and_the_inputs_read(setup):
     assert episode.answer_shape(state, CONFIG).repeats("Input: (7, 8)")
 
 
-def test_the_switch_is_checked_and_masking_stays_out_of_rollouts():
+def test_the_switch_is_checked_and_redraws_stay_out_of_rollouts():
     with pytest.raises(ValueError, match="structured must be one of"):
         SamplingConfig(structured="on")
     with pytest.raises(ValueError, match="does not read thinking"):
         SamplingConfig(structured="end_at_answer", enable_thinking=True)
-    masked = SamplingConfig(temperature=1.0, structured="constrain_inputs")
-    with pytest.raises(ValueError, match="for evaluation only"):
-        RolloutConfig(sampling=masked)
+    # Masked rollouts are allowed: the learner scores each token under its mask
+    # (rl/masked_learner_test.py).
+    for mode in ("constrain_inputs", "typed_inputs"):
+        RolloutConfig(sampling=SamplingConfig(temperature=1.0, structured=mode))
     with pytest.raises(ValueError, match="resample_repeats is for evaluation only"):
         RolloutConfig(sampling=SamplingConfig(temperature=1.0, resample_repeats=1))
     with pytest.raises(ValueError, match="resample_repeats must be >= 0"):
