@@ -19,7 +19,8 @@ sampling seed in each, so the runs' step-t rewards are paired.
 
 A rerun with the same `--out` continues: the loop resumes each run from its latest
 checkpoint, finished steps and runs are kept, and settings other than those recorded in
-`settings.json` are refused. `--wall_minutes` counts this invocation only.
+`settings.json` are refused, except how the learner computes the same gradient
+(`SAME_GRADIENT`: micro-batch size, remat), recorded as `changed_on_resume`. `--wall_minutes` counts this invocation only.
 
 Settings that differ from the paper to fit 2 CPU cores are printed at the start and written
 into the report (tasks x G per step, T_MAX, reply lengths, length thresholds scaled to those
@@ -414,6 +415,11 @@ def headline(result: dict, trained) -> str:
     )
 
 
+# Settings that change how the learner computes the same gradient (memory, not results):
+# a resumed run may change them (`run_claim` leaves them out of a run's fingerprint too).
+SAME_GRADIENT = frozenset({"micro_batch_size", "remat", "remat_min_tokens"})
+
+
 def _settings(args) -> tuple[dict, list]:
     """(the run-defining settings, rows of setting / here / paper / why)."""
     settings = {
@@ -648,10 +654,16 @@ def main(argv=None) -> None:
     checkpoint = _checkpoint(args.checkpoint, out, args.seed)
     settings, rows = _settings(args)
     recorded = out / "settings.json"
-    if recorded.exists() and json.loads(recorded.read_text()) != settings:
+    if recorded.exists():
         old = json.loads(recorded.read_text())
         diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-        raise SystemExit(f"{out} holds runs with other settings {diff}; use another --out")
+        if set(diff) - SAME_GRADIENT:
+            raise SystemExit(f"{out} holds runs with other settings {diff}; use another --out")
+        if diff:  # how the same gradient is computed (memory): a resume may change it
+            print(f"[aac_learning] resuming with {diff} (the same gradient)", flush=True)
+            settings["changed_on_resume"] = old.get("changed_on_resume", []) + [
+                {k: list(v) for k, v in diff.items()}
+            ]
     artefacts.replace_text(recorded, json.dumps(settings, indent=2) + "\n")
     print(f"load_average_start={','.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     for row in rows:

@@ -137,6 +137,16 @@ def test_report_of_finished_runs_tables_plots_and_headline(tmp_path, capsys):
     # Other settings in the same folder are refused rather than mixed in.
     with pytest.raises(SystemExit, match="other settings.*learning_rate"):
         bench.main(argv + ["--learning_rate", "0.1"])
+    # How the same gradient is computed may change on resume, and is recorded.
+    capsys.readouterr()
+    bench.main(argv + ["--remat", "--remat_min_tokens", "512"])
+    assert "resuming with {'remat': (False, True), 'remat_min_tokens': (0, 512)}" in (
+        capsys.readouterr().out
+    )
+    recorded = json.loads((tmp_path / "settings.json").read_text())
+    assert recorded["changed_on_resume"] == [{"remat": [False, True], "remat_min_tokens": [0, 512]}]
+    with pytest.raises(SystemExit, match="other settings.*learning_rate"):
+        bench.main(argv + ["--remat", "--remat_min_tokens", "512", "--learning_rate", "0.1"])
 
 
 def test_holm_correction():
