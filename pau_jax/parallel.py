@@ -399,6 +399,12 @@ def pad_to_largest_batch(batch):
     """
     if jax.process_count() == 1:
         return batch
+    if getattr(batch, "mask_table", None) is not None:
+        raise ValueError(
+            "masked rollouts (RolloutConfig.sampling.structured 'constrain_inputs' or "
+            "'typed_inputs') train in one process for now; use 'end_at_answer' or 'off' "
+            "across hosts"
+        )
     rows, length = (int(v) for v in gather(np.asarray(batch.input_ids.shape)).max(0))
 
     def pad(x):

@@ -80,9 +80,9 @@ class Batch:
         vocabulary head never runs on prompt and tool tokens; every loss column must be
         listed. None: every column is scored.
       mask_table, mask_index: the structured-decoding masks of the scored columns:
-        [R, W] uint32 packed allowed sets (row 0 allows every token) and [B, P] int32 a
-        row per ``score_positions`` entry, so each sampled token is scored under the mask
-        it was drawn with (``rl.samples.make_batch``); None: no mask.
+        [B, R, W] uint32 per row its packed allowed sets (entry 0 allows every token) and
+        [B, P] int32 an entry per ``score_positions`` column, so each sampled token is
+        scored under the mask it was drawn with (``rl.samples.make_batch``); None: no mask.
     """
 
     input_ids: jax.Array

@@ -281,23 +281,23 @@ def make_batch(
 
 
 def _mask_columns(samples, length: int, positions) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """(table [R, W] uint32, index [B, P] int32): each scored column's structured-decoding mask.
+    """(table [B, R, W] uint32, index [B, P] int32): each scored column's structured-decoding mask.
 
-    Row 0 of the table allows every token (unmasked columns); the distinct masks follow,
-    R rounded up to a multiple of 8 (fewer compiled shapes). (None, None) when no sample
-    has a mask.
+    Per row, a table of its distinct masks (row-major like every other field, so a batch
+    splits into micro-batches and shards by rows): entry 0 allows every token (unmasked
+    columns), the row's masks follow; R is the most of any row, rounded up to a multiple
+    of 8 (fewer compiled shapes). (None, None) when no sample has a mask.
     """
-    if not any(len(s.masks) for s in samples):
+    if not any(m is not None for s in samples for m in s.masks):
         return None, None
     if positions is None:
         raise ValueError("samples with masks need score_positions (the masked columns)")
     width = next(m.shape[0] for s in samples for m in s.masks if m is not None)
-    rows, seen = [np.full(width, 0xFFFFFFFF, np.uint32)], {}
-    index = np.zeros(positions.shape, np.int32)
+    everything = np.full(width, 0xFFFFFFFF, np.uint32)
+    tables, index = [], np.zeros(positions.shape, np.int32)
     for row, sample in enumerate(samples):
-        if not len(sample.masks):
-            continue
-        if len(sample.masks) != len(sample.completion_ids):
+        rows, seen = [everything], {}
+        if len(sample.masks) and len(sample.masks) != len(sample.completion_ids):
             raise ValueError(f"sample {row}: {len(sample.masks)} masks for "
                              f"{len(sample.completion_ids)} completion tokens")  # fmt: skip
         start = length - len(sample.completion_ids)
@@ -310,8 +310,11 @@ def _mask_columns(samples, length: int, positions) -> tuple[np.ndarray | None, n
                 seen[key] = len(rows)
                 rows.append(np.asarray(mask, np.uint32))
             index[row, column[start + offset]] = seen[key]
-    table = np.zeros((-(-len(rows) // 8) * 8, width), np.uint32)
-    table[: len(rows)] = rows
+        tables.append(rows)
+    depth = -(-max(len(t) for t in tables) // 8) * 8
+    table = np.zeros((positions.shape[0], depth, width), np.uint32)
+    for row, rows in enumerate(tables):
+        table[row, : len(rows)] = rows
     return table, index
 
 

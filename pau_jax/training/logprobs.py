@@ -72,10 +72,10 @@ def token_logprobs(
         B * (T - 1): the vocabulary projection, softmax and its backward are most of
         the cost of a long prompt whose tokens are not in the loss. Every other column
         is 0 in the outputs; the wanted columns are the same numbers as without it.
-      masks: with ``positions``, (table [R, W] uint32 packed masks, index [B, P] int32 a
-        row of the table per position): each listed column's log-prob is taken under the
-        tokens its mask allows (a structured-decoding sampler's masked policy); row 0 of
-        the table allows every token.
+      masks: with ``positions``, (table [B, R, W] uint32 each row's packed masks, index
+        [B, P] int32 an entry of its row's table per position): each listed column's
+        log-prob is taken under the tokens its mask allows (a structured-decoding
+        sampler's masked policy); entry 0 of a row's table allows every token.
 
     Returns:
       ([B, T] log-probs, [B, T] entropies of the predicting distribution), both
@@ -116,12 +116,12 @@ def _logprobs_at(model, hidden, input_ids, positions, temperature, chunk_tokens,
     # Column t is predicted by the hidden state of column t - 1.
     h = jnp.take_along_axis(hidden, jnp.maximum(positions - 1, 0)[..., None], axis=1)
     targets = jnp.take_along_axis(input_ids, positions, axis=1)
-    table = index = None
-    if masks is not None:
+    words = None
+    if masks is not None:  # [B, P, W]: each position's packed mask, unpacked chunk by chunk
         table, index = masks
-        index = index.reshape(b * p)
+        words = jnp.take_along_axis(table, index[..., None], axis=1).reshape(b * p, -1)
     logp, entropy = _chunked_head(
-        model, h.reshape(b * p, d), targets.reshape(b * p), temperature, chunk_tokens, table, index
+        model, h.reshape(b * p, d), targets.reshape(b * p), temperature, chunk_tokens, words
     )
     rows = jnp.arange(b)[:, None]
 
@@ -131,11 +131,11 @@ def _logprobs_at(model, hidden, input_ids, positions, temperature, chunk_tokens,
     return scatter(logp), scatter(entropy)
 
 
-def _chunked_head(model, hidden, targets, temperature, chunk_tokens, table=None, index=None):
+def _chunked_head(model, hidden, targets, temperature, chunk_tokens, words=None):
     """Log-probs and entropies of ``targets`` [N] from ``hidden`` [N, D], ``chunk_tokens`` at once.
 
-    With a mask ``table`` [R, W] and ``index`` [N] (a row per position), each position's
-    softmax is over the tokens its row allows.
+    With ``words`` [N, W] (each position's packed mask), each position's softmax is over
+    the tokens its mask allows.
     """
     n, d = hidden.shape
     n_chunks = -(-n // chunk_tokens)
@@ -143,18 +143,15 @@ def _chunked_head(model, hidden, targets, temperature, chunk_tokens, table=None,
     pad = n_chunks * size - n
     h = jnp.pad(hidden, ((0, pad), (0, 0))).reshape(n_chunks, size, d)
     targets = jnp.pad(targets, (0, pad)).reshape(n_chunks, size)
-    if index is None:
-        index = jnp.zeros(n, jnp.int32)
-    index = jnp.pad(index, (0, pad)).reshape(n_chunks, size)
+    chunks = (h, targets)
+    if words is not None:
+        chunks += (jnp.pad(words, ((0, pad), (0, 0))).reshape(n_chunks, size, -1),)
 
     @jax.checkpoint
     def chunk(args):
-        h_chunk, target_chunk, index_chunk = args
-        logits = model.logits_from_hidden(h_chunk)
-        allowed = None
-        if table is not None:
-            allowed = unpack_masks(jnp.take(table, index_chunk, axis=0), logits.shape[-1])
-        return logprobs_from_logits(logits, target_chunk, temperature, allowed)
+        logits = model.logits_from_hidden(args[0])
+        allowed = unpack_masks(args[2], logits.shape[-1]) if len(args) > 2 else None
+        return logprobs_from_logits(logits, args[1], temperature, allowed)
 
-    logp, entropy = jax.lax.map(chunk, (h, targets, index))
+    logp, entropy = jax.lax.map(chunk, chunks)
     return logp.reshape(-1)[:n], entropy.reshape(-1)[:n]

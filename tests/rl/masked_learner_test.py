@@ -128,6 +128,28 @@ def _phase(model, automaton, prompt, start, seed):
     )  # fmt: skip
 
 
+def test_a_masked_update_is_the_same_in_a_scan_and_in_micro_batches():
+    """Mask tables are row-major: a batch splits into micro-batches like every other field."""
+    from pau_jax.rl import learner
+
+    model = lib.tiny_model(seed=8)
+    rows = _rollout(model, seed=6)
+    samples = [
+        Sample(prompt_ids=p, completion_ids=ids, sampler_logprobs=lp, advantage=a, masks=m)
+        for (p, ids, lp, m), a in zip(rows, np.linspace(-1.0, 1.0, len(rows)))
+    ]
+    config = learner.LearnerConfig(learning_rate=1e-2, micro_batch_size=4, grpo=GRPOConfig())
+    results = []
+    for batches in (make_batch(samples), make_micro_batches(samples, micro_batch_size=4)):
+        step = learner.make_train_step(model, config)
+        state, metrics = step(learner.init_state(model, config), batches)
+        results.append((float(metrics["train/loss"]), jax.tree.leaves(state.lora)))
+    (loss_a, lora_a), (loss_b, lora_b) = results
+    assert loss_a == pytest.approx(loss_b, abs=1e-6) and abs(loss_a) > 0
+    for a, b in zip(lora_a, lora_b, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
 def test_episode_rows_carry_each_reply_s_masks():
     """Two phases of one conversation (an input, then a rating after an appended turn)."""
     model = lib.tiny_model(seed=7)
@@ -166,5 +188,5 @@ def test_unmasked_samples_build_no_mask_tables_and_bad_masks_are_refused():
     with pytest.raises(ValueError, match="masks need positions"):
         token_logprobs(
             lib.tiny_model(), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32),
-            masks=(jnp.zeros((8, width), jnp.uint32), jnp.zeros((1, 3), jnp.int32)),
+            masks=(jnp.zeros((1, 8, width), jnp.uint32), jnp.zeros((1, 3), jnp.int32)),
         )  # fmt: skip
