@@ -63,3 +63,21 @@ def tiny_qwen3_config(*, max_position_embeddings: int = 4096, **overrides):
         max_position_embeddings=max_position_embeddings,
     )
     return qwen3.Qwen3Config(**dict(fields, **overrides))
+
+
+def save_tiny_chat_checkpoint(directory, *, seed: int = 0, max_position_embeddings: int = 4096):
+    """Writes a tiny random `pau_jax` Qwen3 over the real vocabulary with the offline tokenizer.
+
+    A Hugging Face folder (`config.json`, safetensors, tokenizer files) that any seat,
+    server or tool can load as a chat model; returns its path.
+    """
+    from flax import nnx
+
+    from pau_jax.models import qwen3
+    from pau_jax.tokenizer import save_offline_tokenizer
+
+    config = tiny_qwen3_config(max_position_embeddings=max_position_embeddings)
+    path = pathlib.Path(directory)
+    qwen3.save_hf(qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(seed)), config, path)
+    save_offline_tokenizer(path)
+    return path

@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 
+import checkpoints
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -87,20 +88,7 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A tiny random Qwen3 over the real vocabulary, with the offline tokenizer."""
-    from flax import nnx
-
-    from pau_jax.models import qwen3
-    from pau_jax.tokenizer import save_offline_tokenizer
-
-    config = qwen3.Qwen3Config(
-        vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
-        rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=4096,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("ckpt")
-    qwen3.save_hf(qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)), config, path)
-    save_offline_tokenizer(path)
-    return path
+    return checkpoints.save_tiny_chat_checkpoint(tmp_path_factory.mktemp("ckpt"))
 
 
 def _eval_overlay(data_dir, run_dir) -> list[str]:

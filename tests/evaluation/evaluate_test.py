@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 
+import checkpoints
 import launching
 import pytest
 
@@ -147,20 +148,11 @@ def test_http_backend(tmp_path):
 
 
 def test_local_backend_tiny_checkpoint(tmp_path):
-    from flax import nnx
-
-    from pau_jax.models import qwen3
     from pau_jax.policy.config import SamplingConfig
-    from pau_jax.tokenizer import save_offline_tokenizer
 
-    config = qwen3.Qwen3Config(
-        vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
-        rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=2048,
-    )  # fmt: skip
-    checkpoint = tmp_path / "ckpt"
-    qwen3.save_hf(qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(0)), config, checkpoint)
-    save_offline_tokenizer(checkpoint)
+    checkpoint = checkpoints.save_tiny_chat_checkpoint(
+        tmp_path / "ckpt", max_position_embeddings=2048
+    )
     backend = backends.LocalBackendConfig(
         checkpoint_dir=str(checkpoint), sampling=SamplingConfig(max_new_tokens=4)
     )

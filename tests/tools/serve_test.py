@@ -9,6 +9,7 @@ import sys
 import urllib.error
 import urllib.request
 
+import checkpoints
 import pytest
 
 from pau_jax.policy.server import API_KEY_ENV
@@ -21,20 +22,9 @@ CONVERSATION = [{"role": "user", "content": "What does test_func(3) return?"}]
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A tiny random Qwen3 over the real vocabulary, with the offline tokenizer."""
-    from flax import nnx
-
-    from pau_jax.models import qwen3
-    from pau_jax.tokenizer import save_offline_tokenizer
-
-    config = qwen3.Qwen3Config(
-        vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, rms_norm_eps=1e-6,
-        rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=512,
-    )  # fmt: skip
-    path = tmp_path_factory.mktemp("ckpt")
-    qwen3.save_hf(qwen3.Qwen3ForCausalLM(config, rngs=nnx.Rngs(3)), config, path)
-    save_offline_tokenizer(path)
-    return path
+    return checkpoints.save_tiny_chat_checkpoint(
+        tmp_path_factory.mktemp("ckpt"), seed=3, max_position_embeddings=512
+    )
 
 
 def _post(url, body, key=None):
