@@ -396,9 +396,8 @@ class PolicyServer:
                     self._send(408, error(message), close=True)
                     return None
                 if len(raw) < length:
-                    self._send(
-                        400, error("request body shorter than its Content-Length"), close=True
-                    )
+                    message = "request body shorter than its Content-Length"
+                    self._send(400, error(message), close=True)
                     return None
                 return raw
 

@@ -16,7 +16,6 @@ the key/value heads where the sizes divide (``sharding.constrain``); otherwise r
 """
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -110,14 +109,7 @@ def generate(
         len(prompt_lists), n_samples, max_top_k, temperature=temperature, top_k=top_k,
         top_p=top_p, repetition_penalty=repetition_penalty,
     )  # fmt: skip
-    starts = settings_lib.automaton_starts(
-        automaton, automaton_starts, len(prompt_lists), n_samples
-    )
-    if automaton is not None and automaton.vocab_size != model.config.vocab_size:
-        raise ValueError(
-            f"the automaton covers {automaton.vocab_size} tokens, the model "
-            f"{model.config.vocab_size}; build it with vocab_size=model.config.vocab_size"
-        )
+    starts = _automaton_starts(automaton, automaton_starts, prompt_lists, n_samples, model)
     layout = batching.layout_batch(prompt_lists, n_samples)
     buffer_len = batching.bucket_size(max_new_tokens, **batching.NEW_TOKENS_BUCKET)
     rooms = batching.cache_rooms(layout.input_ids.shape[1], buffer_len)
@@ -127,9 +119,7 @@ def generate(
     )  # fmt: skip
     graphdef, state = nnx.split(model)
     cache_dtype = jnp.dtype(model.dtype if cache_dtype is None else cache_dtype)
-
-    # Under the model's mesh (if any), so the activation and cache constraints apply.
-    mesh = sharding.mesh_of(state)
+    mesh = sharding.mesh_of(state)  # its activation and cache constraints apply under it
     prefix_cache = prefill.usable_prefix_cache(prefix_cache, mesh)
     with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
         cache, stats = prefill.prefill_rows(
@@ -145,23 +135,34 @@ def generate(
             graphdef, state, cache, layout, settings, rooms, model.config
         )
         results = [carry[k] for k in ("tokens", "logprobs", "plain", "lengths", "stopped")]
-        trace = np.asarray(carry["trace"]) if automaton is not None else None
     tokens, logprobs, plain, lengths, stopped = (np.asarray(x) for x in results)
     stats["decode_seconds"] = time.perf_counter() - start
     if prefix_cache is not None:
         prefix_cache.store_rows(carry["cache"], layout, tokens, lengths)
-    out = _assemble(
-        tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings, **stats
+    trace = np.asarray(carry["trace"]) if automaton is not None else None
+    return _assemble(
+        tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings, trace, **stats
     )
-    if trace is None:
-        return out
-    return dataclasses.replace(out, states=[trace[r, :n].copy() for r, n in enumerate(out.lengths)])
+
+
+def _automaton_starts(automaton, starts, prompt_lists, n_samples: int, model):
+    """Each row's first automaton state (`settings.automaton_starts`), the vocabulary checked."""
+    vocab_size = model.config.vocab_size
+    if automaton is not None and automaton.vocab_size != vocab_size:
+        raise ValueError(
+            f"the automaton covers {automaton.vocab_size} tokens, the model "
+            f"{vocab_size}; build it with vocab_size=model.config.vocab_size"
+        )
+    return settings_lib.automaton_starts(automaton, starts, len(prompt_lists), n_samples)
 
 
 def _assemble(
-    tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings, **timings
+    tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings, trace, **timings
 ) -> output.SampleOutput:
-    """Cuts the device buffers into per-row results, applying stop strings on the host."""
+    """Cuts the device buffers into per-row results, applying stop strings on the host.
+
+    ``trace`` [B, N]: each token's automaton state (with an automaton), else None.
+    """
     out_tokens, out_logprobs, out_plain, out_lengths, reasons, texts = [], [], [], [], [], []
     for row in range(layout.num_rows):
         n = int(lengths[row])
@@ -185,5 +186,6 @@ def _assemble(
         finish_reasons=reasons,
         texts=texts if decode is not None else None,
         num_prefilled=layout.num_distinct,
+        states=None if trace is None else [trace[r, :n].copy() for r, n in enumerate(out_lengths)],
         **timings,
     )
