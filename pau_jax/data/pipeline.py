@@ -230,6 +230,33 @@ def build_record(
         return Exclusion(task_id=task.task_id, source=task.source, reason=e.reason, detail=e.detail)
 
 
+def _validated(anonymized, kept, chosen, check_executor, config) -> tuple[str, list]:
+    """(the code with its input validator, the argument specs), the chosen examples re-run.
+
+    The validator accepts exactly the types of the valid inputs kept (seeds and examples);
+    every chosen example must give its recorded output again through it.
+    """
+    specs = [
+        argtypes.join_all(argtypes.infer(o.args[i]) for o in kept)
+        for i in range(len(anonymized.arg_names))
+    ]
+    validator = validators.validator_source(anonymized.arg_names, specs)
+    code = validators.attach(anonymized.code, validator)
+    rerun = run_many(
+        check_executor,
+        code,
+        [o.args for o in chosen],
+        entry="test_func",
+        timeout_s=config.check_timeout_s,
+    )
+    for obs, outcome in zip(chosen, rerun):
+        if (outcome.ok and outcome.output != obs.output) or outcome.unstable:
+            raise _Excluded(NONDETERMINISTIC, f"{obs.key:.80}")
+        if not outcome.ok:
+            raise _Excluded(VALIDATED_FAILS, f"{outcome.error_type} on {obs.key:.80}")
+    return code, specs
+
+
 def _build(task, executor, check_executor, config) -> Record:
     reasons = safety.unsafe_reasons(task.code)
     if reasons:
@@ -300,27 +327,9 @@ def _build(task, executor, check_executor, config) -> Record:
         raise _Excluded(
             LOW_COVERAGE, f"statements {figures.statements:.3f}, branches {figures.branches:.3f}"
         )
-    # The validator accepts exactly the types of the valid inputs kept (seeds and examples).
-    kept = [*observations, *shown, *heldout]
-    specs = [
-        argtypes.join_all(argtypes.infer(o.args[i]) for o in kept)
-        for i in range(len(anonymized.arg_names))
-    ]
-    validator = validators.validator_source(anonymized.arg_names, specs)
-    code = validators.attach(anonymized.code, validator)
-    chosen = [*shown, *heldout]
-    rerun = run_many(
-        check_executor,
-        code,
-        [o.args for o in chosen],
-        entry="test_func",
-        timeout_s=config.check_timeout_s,
+    code, specs = _validated(
+        anonymized, [*observations, *shown, *heldout], [*shown, *heldout], check_executor, config
     )
-    for obs, outcome in zip(chosen, rerun):
-        if (outcome.ok and outcome.output != obs.output) or outcome.unstable:
-            raise _Excluded(NONDETERMINISTIC, f"{obs.key:.80}")
-        if not outcome.ok:
-            raise _Excluded(VALIDATED_FAILS, f"{outcome.error_type} on {obs.key:.80}")
     return Record(
         task_id=task.task_id,
         source=task.source,
