@@ -202,6 +202,25 @@ def _describe(policy) -> str:
     return f"{name}({type(inner).__name__})" if inner is not None else name
 
 
+def _check_teacher(teacher) -> None:
+    if teacher is None:
+        raise ValueError(
+            "distillation needs a teacher: set --gin.TEACHER=<a *BackendConfig> "
+            "(the paper's DISTILL teacher is GPT-4o-mini through an endpoint) or "
+            "--gin.TEACHER=\"'self'\" for self-distillation from the base model"
+        )
+    if isinstance(teacher, str) and teacher != SELF:
+        raise ValueError(f"teacher must be a *BackendConfig or '{SELF}', got {teacher!r}")
+
+
+def _teacher_policy(r, teacher, self_sampling: SamplingConfig, seed: int, specs):
+    """The teacher's policy: the actor's base model ('self', seeded by the run) or a backend."""
+    if teacher != SELF:
+        return backends.build_policy(teacher, specs)
+    print("[sft] SELF-DISTILLATION: the teacher is the actor's own base model", flush=True)
+    return r.base_policy(dataclasses.replace(self_sampling, seed=self_sampling.seed + seed))
+
+
 def distill(
     *,
     run_dir: str,
@@ -239,30 +258,16 @@ def distill(
       episodes_per_task: teacher episodes per training task.
       enable_thinking: passed to the chat template when the pairs are rendered.
     """
-    if teacher is None:
-        raise ValueError(
-            "distillation needs a teacher: set --gin.TEACHER=<a *BackendConfig> "
-            "(the paper's DISTILL teacher is GPT-4o-mini through an endpoint) or "
-            "--gin.TEACHER=\"'self'\" for self-distillation from the base model"
-        )
-    if isinstance(teacher, str) and teacher != SELF:
-        raise ValueError(f"teacher must be a *BackendConfig or '{SELF}', got {teacher!r}")
+    _check_teacher(teacher)
     source = dataset or DemoTasksConfig()
     if tasks is not None:  # Explicit tasks: a digest of them and of their references.
         source = run_claim.digest((tasks, references))
     settings = _fingerprint(
-        actor=actor,
-        seed=seed,
-        tasks=source,
-        episode_config=episode_config,
-        sft_config=sft_config,
-        teacher=teacher,
+        actor=actor, seed=seed, tasks=source, episode_config=episode_config,
+        sft_config=sft_config, teacher=teacher, privileged=privileged, show_code=show_code,
         self_sampling=self_sampling if teacher == SELF else None,
-        privileged=privileged,
-        show_code=show_code,
-        episodes_per_task=episodes_per_task,
-        enable_thinking=enable_thinking,
-    )
+        episodes_per_task=episodes_per_task, enable_thinking=enable_thinking,
+    )  # fmt: skip
     with (
         run_claim.claim(run_dir, kind="distill", settings=settings, primary=parallel.is_primary()),
         run_lib.open_run(
@@ -280,13 +285,7 @@ def distill(
         else:
             specs, refs = list(tasks), references or {}
         r.to_layout(parallel.SAMPLER_RULES)
-        if teacher == SELF:
-            print("[sft] SELF-DISTILLATION: the teacher is the actor's own base model", flush=True)
-            policy = r.base_policy(
-                dataclasses.replace(self_sampling, seed=self_sampling.seed + seed)
-            )
-        else:
-            policy = backends.build_policy(teacher, specs)
+        policy = _teacher_policy(r, teacher, self_sampling, seed, specs)
         if privileged:
             policy = PrivilegedTeacher(policy, specs, refs, show_code=show_code)
         print(f"[sft] SFT on the episodes of teacher {_describe(policy)}", flush=True)
@@ -308,12 +307,13 @@ def distill(
             primary=r.primary,
             barrier=parallel.barrier,
         )
-        summary = {
-            "mode": "sft",
-            "steps": result["steps"],
-            "data_position": 0,
-            "teacher": _describe(policy),
-            "self_distillation": teacher == SELF,
-            "last_metrics": result["last_metrics"],
-        }
-        return r.finish(summary)
+        return r.finish(
+            {
+                "mode": "sft",
+                "steps": result["steps"],
+                "data_position": 0,
+                "teacher": _describe(policy),
+                "self_distillation": teacher == SELF,
+                "last_metrics": result["last_metrics"],
+            }
+        )
