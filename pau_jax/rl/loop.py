@@ -247,17 +247,10 @@ def train(
     if tasks is not None:  # Explicit tasks: a digest of them and of their references.
         source = run_claim.digest((tasks, references))
     settings = _fingerprint(
-        actor=actor,
-        seed=seed,
-        tasks=source,
-        episode_config=episode_config,
-        rollout_config=rollout_config,
-        critic=critic,
-        critic_config=critic_config,
-        reward_config=reward_config,
-        advantage_fn=advantage_fn,
-        learner_config=learner_config,
-    )
+        actor=actor, seed=seed, tasks=source, episode_config=episode_config,
+        rollout_config=rollout_config, critic=critic, critic_config=critic_config,
+        reward_config=reward_config, advantage_fn=advantage_fn, learner_config=learner_config,
+    )  # fmt: skip
     with (
         run_claim.claim(run_dir, kind="train", settings=settings, primary=parallel.is_primary()),
         run_lib.open_run(
@@ -289,15 +282,9 @@ def train(
                 advantage_fn=advantage_fn,
             )
             t1 = time.perf_counter()
-            if learner_config.learning_rate == 0:
-                # AdamW at learning rate 0 moves nothing (weight decay is scaled by it
-                # too): a control run is its rollouts, without the update's cost.
-                train_metrics, batch, learner_s = {}, [], 0.0
-                state = dataclasses.replace(state, step=state.step + 1)
-            else:
-                state, train_metrics, batch, learner_s = _update(
-                    r, train_step, state, rollout, pad_to_multiple=pad_to_multiple, rows=rows
-                )
+            state, train_metrics, batch, learner_s = _update_unless_control(
+                r, train_step, state, rollout, learner_config, pad_to_multiple, rows
+            )
             position, step = position + k, step + 1
             last = _metrics(rollout, train_metrics, batch, t0, t1, reshard_s + learner_s, r.mesh)
             _log(r, step, total, last, executor, eval_fn=eval_fn, eval_every=eval_every)
@@ -380,6 +367,17 @@ def _learner(r: run_lib.Run, learner_config: LearnerConfig, seed: int):
     state, position, last = _resume(r, state, seed)
     learner.sync_model(r.model, state)
     return state, train_step, position, last
+
+
+def _update_unless_control(r, train_step, state, rollout, learner_config, pad_to_multiple, rows):
+    """``_update``, or at learning rate 0 only the step count (a control run's rollouts).
+
+    AdamW at learning rate 0 moves nothing (weight decay is scaled by it too): a control
+    run is its rollouts, without the update's cost.
+    """
+    if learner_config.learning_rate == 0:
+        return dataclasses.replace(state, step=state.step + 1), {}, [], 0.0
+    return _update(r, train_step, state, rollout, pad_to_multiple=pad_to_multiple, rows=rows)
 
 
 def _update(r: run_lib.Run, train_step, state, rollout, *, pad_to_multiple: int, rows: int):
