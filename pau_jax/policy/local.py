@@ -32,7 +32,8 @@ class Completion:
         penalty, over the tokens a structured-decoding mask allowed: what a learner
         scoring the tokens at T under the same masks computes.
       masks: per sampled token, the packed set of tokens its mask allowed
-        (`sampling.constraint.effective_masks`; None: every token); () when no token
+        (`sampling.constraint.effective_masks`; None: every token), recorded by a policy
+        built with ``record_masks=True`` (an AAC actor); () otherwise, or when no token
         of the reply was masked.
     """
 
@@ -108,6 +109,9 @@ class LocalPolicy:
         A cache empties itself when the model's weights change. None (the default)
         disables reuse; `backends.prefix_cache(gib)` sizes the one that every seat and
         training run builds (`config.DEFAULT_PREFIX_CACHE_GIB` unless configured).
+      record_masks: give each reply's per-token structured-decoding masks
+        (`Completion.masks`), for a learner that scores masked rollouts (the AAC actor);
+        off elsewhere (a masked grader's replies do not need them).
     """
 
     def __init__(
@@ -116,11 +120,14 @@ class LocalPolicy:
         tokenizer,
         sampling: SamplingConfig = SamplingConfig(),
         prefix_cache: PrefixCache | None = None,
+        *,
+        record_masks: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.prefix_cache = prefix_cache
+        self.record_masks = record_masks
         self._calls = 0
         self.last_stats: dict[str, float] = {}
         stop = {tokenizer.eos_token_id}
@@ -307,7 +314,7 @@ class LocalPolicy:
         stats["decode_seconds"] += out.decode_seconds
         drawn = {}
         masks = [()] * len(rows)
-        if automaton is not None:  # each token's mask, for a learner that scores it masked
+        if automaton is not None and self.record_masks:  # for a learner that scores masked
             masks = [_masks(automaton, states, s.max_new_tokens) for states in out.states]
         for i, ids, logprobs, reason, row_masks in zip(
             rows, out.tokens, out.plain_logprobs, out.finish_reasons, masks, strict=True

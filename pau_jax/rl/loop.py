@@ -124,12 +124,16 @@ def _served_critic(critic, critic_config: CriticConfig):
 
 
 def _actor(r: run_lib.Run, rollout_config: RolloutConfig, seed: int) -> LocalPolicy:
-    """The actor's sampler at a step's base seed, with a fresh prefix cache (new weights)."""
+    """The actor's sampler at a step's base seed, with a fresh prefix cache (new weights).
+
+    It records each token's structured-decoding mask, if any, for the learner.
+    """
     return LocalPolicy(
         r.model,
         r.tokenizer,
         rollout_config.sampling_for(seed),
         prefix_cache=backends.prefix_cache(rollout_config.prefix_cache_gib),
+        record_masks=True,
     )
 
 
