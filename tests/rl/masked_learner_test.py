@@ -190,3 +190,34 @@ def test_unmasked_samples_build_no_mask_tables_and_bad_masks_are_refused():
             lib.tiny_model(), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32),
             masks=(jnp.zeros((1, 8, width), jnp.uint32), jnp.zeros((1, 3), jnp.int32)),
         )  # fmt: skip
+
+
+def test_a_local_policy_records_masks_only_when_asked():
+    """An AAC actor (record_masks) hands the learner each masked token's mask; a grader not."""
+    import checkpoints
+    from flax import nnx
+
+    from pau_jax.env.episode import AnswerShape
+    from pau_jax.models import lora, qwen3
+    from pau_jax.policy.config import SamplingConfig
+    from pau_jax.policy.local import LocalPolicy
+    from pau_jax.rl.rollout import _sample
+    from pau_jax.tokenizer import load_tokenizer
+
+    model = qwen3.Qwen3ForCausalLM(checkpoints.tiny_qwen3_config(), rngs=nnx.Rngs(0))
+    lora.apply_lora(model, rank=2, alpha=2, seed=1)
+    sampling = SamplingConfig(max_new_tokens=12, temperature=1.0, structured="constrain_inputs")
+    conversation = [[{"role": "user", "content": "Write the arguments of test_func(a)."}]]
+    shape = [AnswerShape("input", arity=1)]
+    tokenizer = load_tokenizer("qwen3-offline")
+    actor = LocalPolicy(model, tokenizer, sampling, record_masks=True)
+    (reply,) = actor.complete(conversation, answers=shape)
+    assert len(reply.masks) == len(reply.token_ids) and reply.masks[0] is not None
+    sample = _sample(reply, 1.0, "test")
+    batch = make_batch([sample])
+    loss = np.asarray(batch.loss_mask) > 0
+    np.testing.assert_allclose(
+        _learner_logprobs(model, batch)[loss], np.asarray(batch.sampler_logprobs)[loss], atol=1e-5
+    )
+    grader = LocalPolicy(model, tokenizer, sampling)
+    assert grader.complete(conversation, answers=shape)[0].masks == ()
