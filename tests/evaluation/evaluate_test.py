@@ -246,6 +246,9 @@ def test_the_judge_and_the_coder_must_be_chosen(tmp_path):
 class _DescribeAndCode:
     """An agent that describes every function the same way and, as a coder, returns 0."""
 
+    def complete(self, conversations, *, answers=None, stop=None):
+        return self(conversations)
+
     def __call__(self, conversations):
         return [
             "```python\ndef test_func(*args):\n    return 0\n```"

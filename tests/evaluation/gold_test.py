@@ -17,6 +17,9 @@ class RecordingCoder:
         self.coder = scripted.ScriptedCoder()
         self.prompts = []
 
+    def complete(self, conversations, *, answers=None, stop=None):
+        return self(conversations)
+
     def __call__(self, conversations):
         self.prompts += [c[-1]["content"] for c in conversations]
         return self.coder(conversations)
@@ -77,6 +80,9 @@ def test_the_coder_sees_the_gold_description_and_the_two_shown_examples(
 
 class GoldAwareCoder:
     """Writes each demo function's true code when given its gold description, else `return 0`."""
+
+    def complete(self, conversations, *, answers=None, stop=None):
+        return self(conversations)
 
     def __call__(self, conversations):
         from pau_jax.tasks import demo as demo_tasks
