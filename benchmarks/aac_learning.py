@@ -65,7 +65,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from pau_jax import metrics_writer  # noqa: E402
+from pau_jax import metrics_writer, run_claim  # noqa: E402
 from pau_jax.env.episode import EpisodeConfig  # noqa: E402
 from pau_jax.evaluation import stats  # noqa: E402
 from pau_jax.models import qwen3  # noqa: E402
@@ -417,7 +417,7 @@ def headline(result: dict, trained) -> str:
 
 # Settings that change how the learner computes the same gradient (memory, not results):
 # a resumed run may change them (`run_claim` leaves them out of a run's fingerprint too).
-SAME_GRADIENT = frozenset({"micro_batch_size", "remat", "remat_min_tokens"})
+SAME_GRADIENT = frozenset(run_claim.RESUMABLE_FIELDS["pau_jax.rl.learner.LearnerConfig"])
 
 
 def _settings(args) -> tuple[dict, list]:

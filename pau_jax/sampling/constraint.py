@@ -430,13 +430,21 @@ def mask_logits(
     grammar's mask alone applies. So a reply completes within its budget whenever its
     start state's distance fits.
     """
+    keep = budget_mask(automaton, states, remaining)
+    return jnp.where(keep, logits, jnp.asarray(-jnp.inf, logits.dtype))
+
+
+def budget_mask(
+    automaton: TokenAutomaton, states: jax.Array, remaining: jax.Array | None = None
+) -> jax.Array:
+    """[B, V] bool: the tokens `mask_logits` keeps (the grammar's, and the budget rule)."""
     keep = allowed_tokens(automaton, states)
     if remaining is not None:
         nxt = jnp.asarray(automaton.next_state)[states].astype(jnp.int32)  # [B, C]
         near = jnp.asarray(automaton.distance)[jnp.maximum(nxt, 0)] < remaining[:, None]
         fits = keep & near[:, jnp.asarray(automaton.token_class)]
         keep = jnp.where(jnp.any(fits, axis=-1, keepdims=True), fits, keep)
-    return jnp.where(keep, logits, jnp.asarray(-jnp.inf, logits.dtype))
+    return keep
 
 
 def effective_masks(

@@ -154,10 +154,12 @@ def _decode(graphdef, state, carry, settings: settings_lib.DecodeSettings):
         plain_logits = raw if penalise else None
         if automaton is not None:
             remaining = max_new_tokens - carry["lengths"]
-            scores = constraint.mask_logits(automaton, carry["states"], scores, remaining)
+            keep = constraint.budget_mask(automaton, carry["states"], remaining)
+            lowest = jnp.asarray(-jnp.inf, scores.dtype)
+            scores = jnp.where(keep, scores, lowest)
             # The plain log-probs are those of the masked policy without the penalty: what
             # a learner applying the same mask computes (`constraint.effective_masks`).
-            plain_logits = constraint.mask_logits(automaton, carry["states"], raw, remaining)
+            plain_logits = jnp.where(keep, raw, lowest)
         tokens, logprobs, plain = logits.sample_tokens(
             scores,
             jax.lax.dynamic_index_in_dim(settings.uniforms, step, axis=1, keepdims=False),
