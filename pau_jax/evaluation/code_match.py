@@ -136,7 +136,8 @@ def score_code(
         expected = [_Stored(value) for value in expected_outputs]
     elif expected is None:
         expected = executor.call_many(true_code, list(inputs), timeout_s=timeout_s)
-    got = executor.call_many(predicted_code, list(inputs), timeout_s=timeout_s)
+    # The model's code never runs in a worker that has held a reference source.
+    got = executor.call_many(predicted_code, list(inputs), timeout_s=timeout_s, origin="generated")
     runnable = not all(
         (not g.ok) and g.error_type in ("SyntaxError", "NameError", "IndentationError") for g in got
     )

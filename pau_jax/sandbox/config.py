@@ -3,7 +3,7 @@
 import dataclasses
 from typing import Any
 
-from pau_jax.sandbox import values
+from pau_jax.sandbox import uids, values
 
 DEFAULT_ENTRY = "test_func"
 
@@ -38,7 +38,13 @@ class SandboxConfig:
         that this user may not search are covered in the worker's mount namespace (see
         `privileges`). Workers hold no capability either way; False keeps them user 0, which
         can still read files whose owner is root.
-      sandbox_uid: user and group id used by ``drop_privileges``.
+      sandbox_uid: user and group id used by ``drop_privileges`` when ``worker_uids`` is None
+        or not usable here.
+      worker_uids: with ``drop_privileges``, each live worker runs as its own user and group
+        from this half-open range ``(first, stop)``, claimed machine-wide (see `uids`): the
+        kernel then refuses a worker's signals to another worker and its reads of another
+        worker's directory, even from code below the audit hook. None, or a range not mapped
+        in this user namespace (one warning), runs every worker as ``sandbox_uid``.
       python: interpreter that runs the workers; None means ``sys.executable``.
       preload_modules: standard modules imported by each worker before any call (faster first
         calls; their module state is restored between sources).
@@ -60,6 +66,7 @@ class SandboxConfig:
     read_only_filesystem: bool = True
     drop_privileges: bool = True
     sandbox_uid: int = 65534
+    worker_uids: tuple[int, int] | None = (65000, 65534)
     python: str | None = None
     preload_modules: tuple[str, ...] = (
         "array",
@@ -106,6 +113,7 @@ class SandboxConfig:
             )
         if self.default_timeout_s <= 0 or self.start_timeout_s <= 0:
             raise ValueError("SandboxConfig timeouts must be > 0")
+        uids.validate(self.worker_uids)
         if not 0 <= self.hash_seed <= 4294967295:
             raise ValueError(
                 f"SandboxConfig.hash_seed must be in [0, 2**32 - 1], got {self.hash_seed}"

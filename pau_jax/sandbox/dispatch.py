@@ -51,10 +51,20 @@ class Job:
       request: the fields shared by every call (op, key, source, entry, coverage).
       args: the encoded argument tuple of each call.
       timeout: the wall-clock limit of each call in seconds.
+      origin: who wrote the source; a worker that has run another origin's source is replaced
+        before it gets a call.
     """
 
-    def __init__(self, pool: Any, request: dict[str, Any], args: list[str], timeout: float):
+    def __init__(
+        self,
+        pool: Any,
+        request: dict[str, Any],
+        args: list[str],
+        timeout: float,
+        origin: str = "task",
+    ):
         self.pool = pool
+        self.origin = origin
         self.request = request
         self.args = args
         self.timeout = timeout
@@ -65,10 +75,10 @@ class Job:
 
     def run(self) -> list[CallResult]:
         """Runs every call and returns the results in the order of ``args``."""
-        self.held.append(self.pool.acquire(block=True))
+        self.held.append(self.pool.acquire(block=True, origin=self.origin))
         try:
             while len(self.held) < len(self.args):
-                worker = self.pool.acquire(block=False)
+                worker = self.pool.acquire(block=False, origin=self.origin)
                 if worker is None:
                     break
                 self.held.append(worker)
@@ -85,17 +95,22 @@ class Job:
         for slot, worker in enumerate(self.held):
             if not self.pending or worker in self.inflight or not worker.ready:
                 continue
-            if worker.has_input() or (
-                worker.calls > 0
-                and (
-                    worker.calls >= config.max_calls_per_worker
-                    or worker.cpu_s + self.timeout + 1.0 >= config.cpu_time_s
+            if (
+                worker.has_input()
+                or worker.origin not in (None, self.origin)
+                or (
+                    worker.calls > 0
+                    and (
+                        worker.calls >= config.max_calls_per_worker
+                        or worker.cpu_s + self.timeout + 1.0 >= config.cpu_time_s
+                    )
                 )
             ):
                 self.held[slot] = self.pool.replace(worker)
                 continue
             size = min(_MAX_CHUNK, max(1, math.ceil(len(self.pending) / (4 * len(self.held)))))
             chunk = [self.pending.popleft() for _ in range(min(size, len(self.pending)))]
+            worker.origin = self.origin
             now = time.monotonic()
             flight = self.inflight[worker] = _Flight(chunk, now + self.timeout, now)
             message = {

@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pau_jax.sandbox import dispatch, values, worker_process
+from pau_jax.sandbox import dispatch, uids, values, worker_process
 from pau_jax.sandbox.config import DEFAULT_ENTRY, CallResult, SandboxConfig
 from pau_jax.sandbox.worker_process import WorkerLost, WorkerProcess, readable
 
@@ -84,8 +84,10 @@ class Executor:
         self.config = config or SandboxConfig()
         self.entry = entry
         self.workers = workers
-        self._config_text = json.dumps(
-            {f: getattr(self.config, f) for f in self.config.__dataclass_fields__}
+        self._settings = {f: getattr(self.config, f) for f in self.config.__dataclass_fields__}
+        self._config_text = json.dumps(self._settings)
+        self._uid_range = (
+            uids.usable_range(self.config.worker_uids) if self.config.drop_privileges else None
         )
         self.max_message = 4 * self.config.max_result_bytes + 8 * self.config.max_output_bytes
         self.max_message += 8 * self.config.max_display_chars + (4 << 20)
@@ -139,6 +141,7 @@ class Executor:
         timeout_s: float | None = None,
         entry: str | None = None,
         measure_coverage: bool = False,
+        origin: str = "task",
     ) -> CallResult:
         """Runs ``entry(*args)`` from ``source`` in a worker.
 
@@ -148,12 +151,18 @@ class Executor:
           timeout_s: wall-clock limit; the worker is killed and replaced when it is exceeded.
           entry: name of the function (default: the executor's ``entry``).
           measure_coverage: record the executed lines and arcs of ``source``.
+          origin: who wrote ``source`` (see `call_many`).
 
         Returns:
           The result of the call.
         """
         return self.call_many(
-            source, [args], timeout_s=timeout_s, entry=entry, measure_coverage=measure_coverage
+            source,
+            [args],
+            timeout_s=timeout_s,
+            entry=entry,
+            measure_coverage=measure_coverage,
+            origin=origin,
         )[0]
 
     def call_many(
@@ -164,11 +173,18 @@ class Executor:
         timeout_s: float | None = None,
         entry: str | None = None,
         measure_coverage: bool = False,
+        origin: str = "task",
     ) -> list[CallResult]:
         """Runs ``entry(*args)`` for every args in ``args_list``, spread over idle workers.
 
         Each call has its own wall-clock limit ``timeout_s`` and its own fresh module
         namespace; the results come back in the order of ``args_list``.
+
+        ``origin`` names who wrote ``source`` (``"task"``: the benchmark's functions;
+        ``"generated"``: code a model wrote). A worker runs the sources of one origin only: one
+        that has run another origin's source is replaced first, so generated code never shares
+        a process (its memory, its cached sources, its directory) with a task's reference
+        source, and with `SandboxConfig.worker_uids` it cannot read another worker's either.
         """
         if not isinstance(source, str):
             raise TypeError(f"source must be a str, got {type(source).__name__}")
@@ -185,7 +201,7 @@ class Executor:
             "entry": entry or self.entry,
             "coverage": bool(measure_coverage),
         }
-        return dispatch.Job(self, job, encoded, timeout).run()
+        return dispatch.Job(self, job, encoded, timeout, origin=str(origin)).run()
 
     @staticmethod
     def _encode_args(args: Sequence[Any]) -> str:
@@ -199,9 +215,18 @@ class Executor:
     def _spawn(self) -> WorkerProcess:
         if self._closed:
             raise SandboxError("the Executor is closed; create a new one")
+        claim, text = None, self._config_text
+        if self._uid_range is not None:
+            try:
+                claim = uids.claim(*self._uid_range)
+            except (RuntimeError, OSError) as exc:
+                raise SandboxError(f"cannot claim a uid for a sandbox worker: {exc}") from exc
+            text = json.dumps({**self._settings, "sandbox_uid": claim.uid})
         try:
-            worker = self._spawner.run(lambda: WorkerProcess(self.config, self._config_text))
+            worker = self._spawner.run(lambda: WorkerProcess(self.config, text, claim))
         except OSError as exc:
+            if claim is not None:
+                claim.release()
             python = self.config.python or "sys.executable"
             raise SandboxError(
                 f"cannot start a sandbox worker with python={python!r}: {exc}"
@@ -262,14 +287,23 @@ class Executor:
         self._retire(worker)
         return self._spawn()
 
-    def acquire(self, block: bool) -> WorkerProcess | None:
-        """Takes an idle worker, waiting for one if ``block``; None if none is idle."""
+    def acquire(self, block: bool, origin: str | None = None) -> WorkerProcess | None:
+        """Takes an idle worker, waiting for one if ``block``; None if none is idle.
+
+        Prefers a worker that last ran ``origin``'s sources, then a fresh one.
+        """
         with self._cond:
             while not self._idle and block and not self._closed:
                 self._cond.wait()
             if self._closed:
                 raise SandboxError("the Executor is closed; create a new one")
-            return self._idle.pop() if self._idle else None
+            if not self._idle:
+                return None
+            for wanted in (origin, None):
+                for n in range(len(self._idle) - 1, -1, -1):
+                    if self._idle[n].origin == wanted:
+                        return self._idle.pop(n)
+            return self._idle.pop()
 
     def release(self, worker: WorkerProcess, busy: bool = False) -> None:
         """Returns a worker to the pool; one still running calls or with unread bytes is replaced."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import pau_jax
 from pau_jax.sandbox.config import SandboxConfig
+from pau_jax.sandbox.uids import UidClaim
 
 # Runs in a fresh interpreter: puts pau_jax on the path and hands over to the worker loop.
 _BOOT = (
@@ -94,7 +95,9 @@ class WorkerProcess:
     ends itself so that no read or write can block past a deadline, whatever the worker sends.
     """
 
-    def __init__(self, config: SandboxConfig, config_text: str):
+    def __init__(self, config: SandboxConfig, config_text: str, uid_claim: UidClaim | None = None):
+        self.uid_claim = uid_claim  # Released once the process is reaped (`kill`).
+        self.origin: str | None = None  # Whose sources it has run (see `Executor.call_many`).
         self.root = tempfile.mkdtemp(prefix=f"{_owner_prefix()}{os.getpid()}_")
         request_r, request_w = os.pipe()
         reply_r, reply_w = os.pipe()
@@ -128,6 +131,8 @@ class WorkerProcess:
             for fd in (request_w, reply_r):
                 os.close(fd)
             shutil.rmtree(self.root, ignore_errors=True)
+            if uid_claim is not None:
+                uid_claim.release()
             raise
         finally:
             os.close(request_r)
@@ -257,3 +262,5 @@ class WorkerProcess:
                 os.close(self.reply_fd)
                 self.request_fd = self.reply_fd = -1
             shutil.rmtree(self.root, ignore_errors=True)
+            if self.uid_claim is not None:
+                self.uid_claim.release()

@@ -280,3 +280,22 @@ def test_scored_records_and_metrics_report_incomparable_items(executor):
     summary = metrics.summarize(scored)["code_match"]
     assert summary["incomparable_items"] == 1 and summary["missing"] == 1
     assert summary["mean"] == 1.0 and summary["n"] == 1
+
+
+def test_predicted_code_cannot_copy_the_reference_it_is_scored_against(executor):
+    # The reference hides its answer in a constant; a predicted function that finds a live
+    # code object holding that constant (as it could in a worker that had run the reference)
+    # returns the right answers, else a wrong one.
+    reference = "def test_func(x):\n    key = 'cafe-1207'\n    return x * 7 + 3\n"
+    thief = (
+        "import gc, types\n"
+        "def test_func(x):\n"
+        "    for obj in gc.get_objects():\n"
+        "        if isinstance(obj, types.FunctionType) and obj.__name__ == 'test_func':\n"
+        "            if 'cafe-' + '1207' in obj.__code__.co_consts:\n"
+        "                return obj(x)\n"
+        "    return None\n"
+    )
+    inputs = [(n,) for n in range(6)]
+    got = code_match.score_code(executor, reference, thief, inputs)
+    assert got.runnable and got.score == 0.0, got
