@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pau_jax.sampling import constraint  # noqa: E402
+from pau_jax.sampling import constraint, token_mask  # noqa: E402
 from pau_jax.tokenizer import load_tokenizer  # noqa: E402
 
 QWEN_VOCAB = 151_936
@@ -45,8 +45,8 @@ def _step_ms(a: constraint.TokenAutomaton, rows: int) -> str:
 
     @jax.jit
     def masked(a, states, logits):
-        tokens = jnp.argmax(constraint.mask_logits(a, states, logits), axis=-1)
-        return constraint.advance(a, states, tokens)
+        tokens = jnp.argmax(token_mask.mask_logits(a, states, logits), axis=-1)
+        return token_mask.advance(a, states, tokens)
 
     plain = jax.jit(lambda logits: jnp.argmax(logits, axis=-1))
     return (

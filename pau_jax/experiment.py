@@ -32,6 +32,7 @@ CONFIG_MODULES = (
     "pau_jax.evaluation.memory_baseline",  # MemoryConfig (the memory baseline)
     "pau_jax.policy.embeddings",  # LocalEmbeddingConfig, HTTPEmbeddingConfig
     "pau_jax.sft.finetune",  # FineTuneConfig (the ft baseline)
+    "pau_jax.evaluation.score",  # ScoringConfig (how an evaluation scores its runs)
 )
 
 # Config fields that a run sets from its other settings; gin refuses a binding of them.
@@ -48,7 +49,7 @@ FUNCTIONS = (
     ("pau_jax.rl.credit", "return_to_go"),
     ("pau_jax.rl.credit", "final_only"),
     ("pau_jax.rl.credit", "last_step_broadcast"),
-    ("pau_jax.sft.finetune", "train_adapter"),  # evaluate.fine_tune_fn of the ft baseline
+    ("pau_jax.sft.finetune", "train_adapter"),  # evaluate.baselines['ft'], the ft baseline
 )
 
 # Run mode -> (module, function, gin name): the one list of run modes; gin binds each entry
@@ -157,6 +158,7 @@ def quickstart(
     agent_sampling: SamplingConfig = SamplingConfig(max_new_tokens=32),
     judge_sampling: SamplingConfig = SamplingConfig(max_new_tokens=32),
     bootstrap_resamples: int = 2000,
+    scoring=None,
 ) -> dict:
     """The main job end to end: data → checkpoint → evaluate → AAC → evaluate → report.
 
@@ -184,8 +186,8 @@ def quickstart(
       actor: the adapters' settings (`training.run.ActorConfig`); its checkpoint and
         dtype are this run's.
       evaluate_fn: the evaluation function, called with keyword arguments (`run_dir`,
-        `policy`, `judge`, `coder`, `dataset`, `modes`, `bootstrap_seed`,
-        `bootstrap_resamples`, `title`); gin binds the configured
+        `policy`, `judge`, `coder`, `dataset`, `modes`, `scoring`, `title`); gin binds
+        the configured
         `pau_jax.experiment.evaluate`. Default `pau_jax.evaluation.pipeline.evaluate`.
       data_dir: the TFDS data_dir of the `pau` dataset.
       dataset_config: builder config ('debug' builds in seconds from the builder's dummy data).
@@ -199,11 +201,15 @@ def quickstart(
       agent_sampling: how the evaluated agent samples (greedy by default).
       judge_sampling: how the judge and the coder sample.
       bootstrap_resamples: resamples of the intervals and permutations of the tests.
+      scoring: how both evaluations score (`evaluation.score.ScoringConfig`, default
+        `ScoringConfig()`); its bootstrap seed and resamples are `seed` and
+        `bootstrap_resamples`.
 
     Returns:
       The summary written to `run_dir/summary.json`.
     """
     from pau_jax.evaluation import pipeline
+    from pau_jax.evaluation.score import ScoringConfig
     from pau_jax.rl import loop
     from pau_jax.tasks import DatasetConfig
 
@@ -233,8 +239,11 @@ def quickstart(
         dtype=dtype,
         agent_sampling=agent_sampling,
         judge_sampling=judge_sampling,
-        seed=seed,
-        bootstrap_resamples=bootstrap_resamples,
+        scoring=dataclasses.replace(
+            scoring or ScoringConfig(),
+            bootstrap_seed=seed,
+            bootstrap_resamples=bootstrap_resamples,
+        ),
     )
     with _stage(seconds, "eval_before", 2, "evaluate the base model (before training)"):
         before = run_eval("eval_before", None, "PAU evaluation before AAC")
@@ -261,15 +270,17 @@ def quickstart(
             bootstrap_resamples,
             f"pau/{dataset_config} {eval_split}",
         )
-    paths = {
-        "checkpoint": str(model.checkpoint),
-        "adapter": str(adapter),
-        "metrics": str(out / "train" / "metrics.jsonl"),
-        "report": str(path),
-    }
     seconds["total"] = time.perf_counter() - started
     summary = _summary(model, before, after, trained, comparisons, history, modes)
-    summary |= {"paths": paths, "seconds": {k: round(v, 1) for k, v in seconds.items()}}
+    summary |= {
+        "paths": {
+            "checkpoint": str(model.checkpoint),
+            "adapter": str(adapter),
+            "metrics": str(out / "train" / "metrics.jsonl"),
+            "report": str(path),
+        },
+        "seconds": {k: round(v, 1) for k, v in seconds.items()},
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary, model, modes, adapter, path)
     return summary
@@ -339,8 +350,7 @@ def _evaluate(
     dtype,
     agent_sampling,
     judge_sampling,
-    seed,
-    bootstrap_resamples,
+    scoring,
 ) -> dict:
     """One evaluation into `out/name`: the agent (base + `adapter`) graded by the base model."""
     from pau_jax.policy import backends
@@ -358,8 +368,7 @@ def _evaluate(
         coder=base,
         dataset=dataset,
         modes=modes,
-        bootstrap_seed=seed,
-        bootstrap_resamples=bootstrap_resamples,
+        scoring=scoring,
         title=title,
     )
 

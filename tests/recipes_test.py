@@ -98,7 +98,7 @@ def _eval_overlay(data_dir, run_dir) -> list[str]:
         "--gin.LIMIT=2",
         "--gin.pau_jax.env.episode.EpisodeConfig.call_budget=1",
         "--gin.pau_jax.experiment.evaluate.sandbox_workers=2",
-        "--gin.pau_jax.experiment.evaluate.bootstrap_resamples=200",
+        "--gin.pau_jax.evaluation.score.ScoringConfig.bootstrap_resamples=200",
         f"--run_dir={run_dir}",
     ]
 
@@ -259,7 +259,7 @@ def test_baselines_and_compare(tmp_path):
     for run in runs[:2]:
         _launch(
             ["--gin_file=eval/interactive.gin", "--gin_file=debug/eval_tiny.gin",
-             "--gin.pau_jax.experiment.evaluate.bootstrap_resamples=200", f"--run_dir={run}"],
+             "--gin.pau_jax.evaluation.score.ScoringConfig.bootstrap_resamples=200", f"--run_dir={run}"],
             cwd=tmp_path,
         )  # fmt: skip
     done = subprocess.run(

@@ -190,9 +190,11 @@ def test_as_released_on_evaluation(parse):
         assert sampling.temperature == 0.0 and sampling.repetition_penalty == 1.2, seat
         assert sampling.max_new_tokens == tokens and sampling.enable_thinking, seat
         assert _make("pau_jax.policy.http.HTTPConfig", scope=seat).max_tokens == tokens
-    assert gin.query_parameter("pau_jax.experiment.evaluate.coder_observations") == (True,)
+    assert gin.query_parameter("pau_jax.evaluation.score.ScoringConfig.coder_observations") == (
+        True,
+    )
     assert gin.query_parameter("pau_jax.experiment.evaluate.call_timeout_s") == 30.0
-    assert gin.query_parameter("pau_jax.experiment.evaluate.score_timeout_s") == 0.5
+    assert gin.query_parameter("pau_jax.evaluation.score.ScoringConfig.timeout_s") == 0.5
 
 
 def test_paper_evaluation_defaults(parse):

@@ -1,7 +1,7 @@
 """Code match: a coder model writes `test_func` from a description; run it on E_test in the sandbox.
 
 Score = fraction of held-out inputs on which the written function gives the same
-result as the true one, compared with `values.typed_equal` (a tuple never equals
+result as the true one, compared with `equality.typed_equal` (a tuple never equals
 a list; `'5'` never equals `5`). The true results are the dataset's stored
 held-out outputs when given (`expected_outputs`, the benchmark's answer key);
 otherwise the true function is run on the inputs. When the true function raises
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from pau_jax.env.episode import AnswerShape
 from pau_jax.env.parse import strip_think
-from pau_jax.sandbox import values
+from pau_jax.sandbox import equality
 
 CODER_PROMPT_VERSION = "coder-v1"
 
@@ -86,7 +86,7 @@ def extract_code(text: str) -> str:
 
 def _same(expected, got) -> bool:
     if expected.ok:
-        return got.ok and values.typed_equal(expected.value, got.value)
+        return got.ok and equality.typed_equal(expected.value, got.value)
     return (not got.ok) and expected.error_type == got.error_type and not got.timed_out
 
 

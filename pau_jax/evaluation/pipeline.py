@@ -18,8 +18,8 @@ Modes (one module each under `modes/`, named in `modes.REGISTRY`): `interactive`
 and `in_context` (the paper's two), and the baselines `memory` (a second
 interactive episode informed by critiques of retrieved train functions;
 `memory_baseline.py`), `ft` (in-context with a LoRA adapter fine-tuned on the train
-split's in-context prompt -> gold description pairs, by the injected
-`fine_tune_fn`) and `gold` (the coder's code from the gold description and the
+split's in-context prompt -> gold description pairs, by the trainer injected
+as `baselines['ft']`) and `gold` (the coder's code from the gold description and the
 shown examples: the upper bound of code match; `gold.py`). Their statistics are
 `stats.summarize_runs`.
 
@@ -45,7 +45,8 @@ import dataclasses
 import json
 import pathlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pau_jax import run_claim
 from pau_jax.env import (
@@ -62,19 +63,20 @@ from pau_jax.evaluation import (
     score,  # noqa: F401 (kept as `pipeline.score` for callers)
     stats,
 )
-from pau_jax.evaluation import memory_baseline as memory_lib
 from pau_jax.evaluation.judge import JUDGE_PROMPT_VERSION
 from pau_jax.evaluation.modes import REGISTRY, Context, Options
 from pau_jax.evaluation.modes.context import train_dataset as _train_dataset
+from pau_jax.evaluation.score import ScoringConfig
 from pau_jax.policy import backends
 from pau_jax.policy.backends import SELF, Seat
 from pau_jax.tasks import DemoTasksConfig, load_tasks
 
 MODES = tuple(REGISTRY)
-# Paired comparisons written to metrics.json when both runs are present: (a, b) -> "a vs b".
-PAIRED = (("interactive", "in_context"), ("memory", "interactive"), ("ft", "in_context"))
+# Paired comparisons written to metrics.json when both runs are present: (a, b) -> "a vs b";
+# each mode declares its own (`Mode.compared_with`).
+PAIRED = tuple((name, other) for name, m in REGISTRY.items() for other in m.compared_with)
 # Runs whose per-task best code match is written to metrics.json: (a, b) -> "max(a, b)".
-ENSEMBLED = (("interactive", "in_context"),)
+ENSEMBLED = tuple((name, other) for name, m in REGISTRY.items() for other in m.ensembled_with)
 SELF_GRADED_BANNER = (
     "**Self-graded**: the judge and/or the coder is the evaluated model itself, not the "
     "paper's fixed judge and coder; these scores are not comparable with published numbers."
@@ -88,9 +90,11 @@ def _check_arguments(modes: tuple[str, ...], options: Options) -> None:
     if unknown or not modes or len(set(modes)) != len(modes):
         what = f"unknown mode {unknown[0]!r}: " if unknown else ""
         raise ValueError(f"{what}modes must be a non-empty subset of {MODES}, got {modes}")
-    variants = options.coder_observations
-    if not variants or len(set(variants)) != len(variants):
-        raise ValueError(f"coder_observations must be (False,), (True,) or both, got {variants}")
+    if not isinstance(options.scoring, ScoringConfig):
+        raise TypeError(f"scoring must be a ScoringConfig, got {type(options.scoring).__name__}")
+    strays = sorted(set(options.baselines) - set(REGISTRY))
+    if strays:
+        raise ValueError(f"baselines are keyed by mode name ({MODES}); unknown: {strays}")
     for name, mode in REGISTRY.items():
         if name in modes and mode.check is not None:
             mode.check(modes, options)
@@ -119,10 +123,10 @@ def _fingerprint(modes, options: Options, judge, coder) -> dict:
     """What produces an evaluation's records: the settings its run directory is claimed with.
 
     Left out, as they may change when a run resumes: the wall-clock limits of a call
-    (`call_timeout_s`, `score_timeout_s`: they depend on the machine), the batching and
-    parallelism (`max_parallel_calls`, `in_context_batch_size`, `score_batch_size`,
+    (`call_timeout_s`, `ScoringConfig.timeout_s`: they depend on the machine), the batching
+    and parallelism (`max_parallel_calls`, `in_context_batch_size`, `ScoringConfig.batch_size`,
     `sandbox_workers`) and what every run computes afresh from the records
-    (`bootstrap_seed`, `bootstrap_resamples`, `title`); and the fields of
+    (`ScoringConfig.bootstrap_*`, `title`); and the fields of
     `run_claim.RESUMABLE_FIELDS`. The agent counts only when a mode runs it or it is the
     coder, the judge only when a mode runs the agent, the train split only when a mode
     learns from it. Modes and coder variants are sets: their order changes no record.
@@ -138,12 +142,12 @@ def _fingerprint(modes, options: Options, judge, coder) -> dict:
         ),
         "modes": sorted(modes),
         "episode_config": options.episode_config,
-        "coder_observations": sorted(options.coder_observations),
-        "attribute_failures": options.attribute_failures,
-        "low_code_match": options.low_code_match,
-        "low_judge_score": options.low_judge_score,
-        "memory": options.memory,
-        "fine_tune_fn": options.fine_tune_fn,
+        "coder_observations": sorted(options.scoring.coder_observations),
+        "attribute_failures": options.scoring.attribute_failures,
+        "low_code_match": options.scoring.low_code_match,
+        "low_judge_score": options.scoring.low_judge_score,
+        "memory": options.baselines.get("memory"),
+        "fine_tune_fn": options.baselines.get("ft"),
         "prompt_versions": {
             "episode": prompts.PROMPT_VERSION,
             "multi_turn": prompts.MULTI_TURN_PROMPT_VERSION,
@@ -274,6 +278,34 @@ def _write_outputs(out, runs, result, *, title, episode_config) -> None:
     print(f"[eval] metrics: {out / 'metrics.json'}; report: {path}", flush=True)
 
 
+def _metrics(out, runs, *, modes, tasks, grading, options, baselines, failures) -> dict:
+    """What metrics.json holds (the run's seconds added by the caller)."""
+    scoring = options.scoring
+    summaries = {name: metrics.summarize(records) for name, records in runs.items()}
+    statistics = stats.summarize_runs(
+        runs,
+        paired=PAIRED,
+        ensembled=ENSEMBLED,
+        seed=scoring.bootstrap_seed,
+        resamples=scoring.bootstrap_resamples,
+    )
+    return {
+        "grading": grading,
+        "agent": backends.describe(options.policy),
+        "structured_decoding": backends.structured_decoding(options.policy),
+        "modes": list(modes),
+        "tasks": tasks,
+        "runs": summaries,
+        **statistics,
+        "gold": metrics.gold_shares(summaries),
+        "baselines": baselines,
+        "backend_failures": failures,
+        "corrupt_records": jsonl.corrupt_counts(out),
+        "bootstrap": {"seed": scoring.bootstrap_seed, "resamples": scoring.bootstrap_resamples},
+        "episode_config": dataclasses.asdict(options.episode_config),
+    }
+
+
 def evaluate(
     *,
     run_dir: str,
@@ -283,22 +315,14 @@ def evaluate(
     judge=None,
     coder=None,
     episode_config: EpisodeConfig = EpisodeConfig(),
+    scoring: ScoringConfig = ScoringConfig(),
+    baselines: Mapping[str, Any] | None = None,
+    train_dataset=None,
     sandbox_workers: int = 2,
     call_timeout_s: float = 2.0,
-    score_timeout_s: float = 2.0,
     max_parallel_calls: int = 8,
-    coder_observations: Sequence[bool] = (False,),
-    attribute_failures: bool = True,
-    low_code_match: float = 0.5,
-    low_judge_score: int = 3,
     in_context_batch_size: int | None = None,
-    score_batch_size: int = 64,
-    bootstrap_seed: int = 0,
-    bootstrap_resamples: int = 10_000,
     title: str = "PAU evaluation",
-    memory: memory_lib.MemoryConfig | None = None,
-    fine_tune_fn=None,
-    train_dataset=None,
 ) -> dict:
     """Runs the PAU protocol and writes episodes, scores, metrics and a report into `run_dir`.
 
@@ -312,25 +336,21 @@ def evaluate(
       judge: the judge's backend (required), or 'self' for the agent's own model.
       coder: the coder's backend (required), or 'self' for the agent's own model.
       episode_config: the protocol constants (budget, history window, display).
-      sandbox_workers: worker processes of the sandbox.
-      call_timeout_s: wall-clock limit of one sandboxed call of an episode.
-      score_timeout_s: wall-clock limit of one call of the coder's function (and of
-        the true function when a task has no stored held-out outputs).
-      max_parallel_calls: sandbox calls in flight at once during episodes.
-      coder_observations: code-match variants: False = description only, True = the
-        coder also sees the shown examples and observed calls. (False, True) reports both.
-      attribute_failures: classify low-scoring episodes (pre-check + judge).
-      low_code_match, low_judge_score: an episode is low-scoring below either bound.
-      in_context_batch_size: tasks per policy call in in-context mode (None: all).
-      score_batch_size: episodes per judge/coder call (each chunk is saved).
-      bootstrap_seed, bootstrap_resamples: the confidence intervals and paired tests.
-      title: heading of report.md.
-      memory: the memory baseline's settings (its embedder is required for 'memory').
-      fine_tune_fn: for 'ft': called as `fine_tune_fn(checkpoint_dir=, out_dir=, pairs=,
-        dtype=, tokenizer=)` with the train pairs of `in_context.training_pairs`; returns the folder of the
-        trained PEFT adapter (gin: `@pau_jax.sft.finetune.train_adapter`).
+      scoring: how runs are scored: code-match variants, the coder's call limit, failure
+        attribution, the bootstrap (`score.ScoringConfig`; gin:
+        `pau_jax.evaluation.score.ScoringConfig.*`).
+      baselines: mode name -> that baseline's settings: 'memory' -> `MemoryConfig` (its
+        embedder is required), 'ft' -> the adapter trainer, called as
+        `fn(checkpoint_dir=, out_dir=, pairs=, dtype=, tokenizer=)` with the train pairs of
+        `in_context.training_pairs`, returning the trained PEFT adapter's folder (gin:
+        `@pau_jax.sft.finetune.train_adapter`).
       train_dataset: the train split for 'memory' and 'ft'; default: `dataset` with
         split 'train' and no limit.
+      sandbox_workers: worker processes of the sandbox.
+      call_timeout_s: wall-clock limit of one sandboxed call of an episode.
+      max_parallel_calls: sandbox calls in flight at once during episodes.
+      in_context_batch_size: tasks per policy call in in-context mode (None: all).
+      title: heading of report.md.
 
     Returns:
       The metrics written to metrics.json.
@@ -349,16 +369,10 @@ def evaluate(
         train_dataset=train_dataset,
         episode_config=episode_config,
         call_timeout_s=call_timeout_s,
-        score_timeout_s=score_timeout_s,
         max_parallel_calls=max_parallel_calls,
-        coder_observations=tuple(coder_observations or ()),
-        attribute_failures=attribute_failures,
-        low_code_match=low_code_match,
-        low_judge_score=low_judge_score,
+        scoring=scoring,
         in_context_batch_size=in_context_batch_size,
-        score_batch_size=score_batch_size,
-        memory=memory,
-        fine_tune_fn=fine_tune_fn,
+        baselines=dict(baselines or {}),
     )
     _check_arguments(modes, options)
     judge_backend, coder_backend, grading = _grading(modes, policy, judge, coder)
@@ -366,7 +380,7 @@ def evaluate(
     # The folder is held until the report is written; a refusal leaves it as it was.
     with run_claim.claim(options.out, kind="eval", settings=settings) as out:
         t0 = time.perf_counter()
-        n_tasks, runs, baselines, failures = _run_modes(
+        n_tasks, runs, baselines_run, failures = _run_modes(
             options,
             modes,
             judge=judge,
@@ -376,30 +390,16 @@ def evaluate(
             self_graded=grading["self_graded"],
             sandbox_workers=sandbox_workers,
         )
-        corrupt = jsonl.corrupt_counts(out)
-        summaries = {name: metrics.summarize(records) for name, records in runs.items()}
-        statistics = stats.summarize_runs(
+        result = _metrics(
+            out,
             runs,
-            paired=PAIRED,
-            ensembled=ENSEMBLED,
-            seed=bootstrap_seed,
-            resamples=bootstrap_resamples,
+            modes=modes,
+            tasks=n_tasks,
+            grading=grading,
+            options=options,
+            baselines=baselines_run,
+            failures=failures,
         )
-        result = {
-            "grading": grading,
-            "agent": backends.describe(policy),
-            "structured_decoding": backends.structured_decoding(policy),
-            "modes": list(modes),
-            "tasks": n_tasks,
-            "runs": summaries,
-            **statistics,
-            "gold": metrics.gold_shares(summaries),
-            "baselines": baselines,
-            "backend_failures": failures,
-            "corrupt_records": corrupt,
-            "bootstrap": {"seed": bootstrap_seed, "resamples": bootstrap_resamples},
-            "episode_config": dataclasses.asdict(episode_config),
-            "seconds": round(time.perf_counter() - t0, 2),
-        }
+        result["seconds"] = round(time.perf_counter() - t0, 2)
         _write_outputs(out, runs, result, title=title, episode_config=episode_config)
     return result

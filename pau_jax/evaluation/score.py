@@ -5,6 +5,7 @@ by chunk. A judge or coder that raises (e.g. `http.EndpointError`) stops the
 scoring: the chunk being scored is not written, and a rerun scores it again.
 """
 
+import dataclasses
 import pathlib
 from collections.abc import Sequence
 
@@ -14,6 +15,45 @@ from pau_jax.tasks.reference import TaskReference
 
 # The fields of an episode record that its scores are computed from.
 SCORED_FROM = ("prediction", "observations", "prior_observations")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScoringConfig:
+    """How an evaluation scores its runs and the statistics over the scores.
+
+    Attributes:
+      coder_observations: code-match variants: False = description only, True = the coder
+        also sees the shown examples and observed calls; (False, True) reports both.
+      timeout_s: wall-clock limit of one call of the coder's function (and of the true
+        function when a task has no stored held-out outputs).
+      batch_size: episodes per judge/coder call (each chunk is saved).
+      attribute_failures: classify low-scoring episodes (pre-check + judge).
+      low_code_match, low_judge_score: an episode is low-scoring below either bound.
+      bootstrap_seed, bootstrap_resamples: the confidence intervals and paired tests.
+    """
+
+    coder_observations: tuple[bool, ...] = (False,)
+    timeout_s: float = 2.0
+    batch_size: int = 64
+    attribute_failures: bool = True
+    low_code_match: float = 0.5
+    low_judge_score: int = 3
+    bootstrap_seed: int = 0
+    bootstrap_resamples: int = 10_000
+
+    def __post_init__(self):
+        variants = tuple(self.coder_observations or ())
+        object.__setattr__(self, "coder_observations", variants)
+        if not variants or len(set(variants)) != len(variants):
+            raise ValueError(
+                f"ScoringConfig.coder_observations must be (False,), (True,) or both, got "
+                f"{variants}"
+            )
+        if not self.timeout_s > 0:
+            raise ValueError(f"ScoringConfig.timeout_s must be > 0, got {self.timeout_s}")
+        for name in ("batch_size", "bootstrap_resamples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ScoringConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
 def score_episodes(

@@ -9,7 +9,7 @@ import numpy as np
 from pau_jax.env import turns
 from pau_jax.policy import check_per_row, turn_ids
 from pau_jax.policy.config import SamplingConfig
-from pau_jax.sampling import constraint, generate, output
+from pau_jax.sampling import constraint, generate, output, token_mask
 from pau_jax.sampling.prefix_cache import PrefixCache
 from pau_jax.sandbox.args import MAX_CHARS
 
@@ -32,7 +32,7 @@ class Completion:
         penalty, over the tokens a structured-decoding mask allowed: what a learner
         scoring the tokens at T under the same masks computes.
       masks: per sampled token, the packed set of tokens its mask allowed
-        (`sampling.constraint.effective_masks`; None: every token), recorded by a policy
+        (`sampling.token_mask.effective_masks`; None: every token), recorded by a policy
         built with ``record_masks=True`` (an AAC actor); () otherwise, or when no token
         of the reply was masked.
     """
@@ -48,9 +48,9 @@ class Completion:
 
 
 def _masks(automaton, states, max_new_tokens: int) -> tuple:
-    """A reply's per-token masks (`constraint.effective_masks`); () when none masked a token."""
+    """A reply's per-token masks (`token_mask.effective_masks`); () when none masked a token."""
     remaining = max_new_tokens - np.arange(len(states))
-    masks = constraint.effective_masks(automaton, states, remaining)
+    masks = token_mask.effective_masks(automaton, states, remaining)
     return tuple(masks) if any(m is not None for m in masks) else ()
 
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from pau_jax.data import argtypes, mutations
 from pau_jax.policy import check_per_row
-from pau_jax.sandbox import parse_call_args, values
+from pau_jax.sandbox import equality, parse_call_args, values
 
 _GENERATE = "Now write the arguments"
 _REVISE = "Revise your hypothesis"
@@ -124,7 +124,7 @@ def args_text(args: tuple) -> str | None:
         back = parse_call_args(text, len(args))
     except ValueError:
         return None
-    return text if values.typed_equal(back, args) else None
+    return text if equality.typed_equal(back, args) else None
 
 
 def _rng(*parts) -> random.Random:

@@ -6,7 +6,7 @@ resume → per step: sampler layout → task groups → ``rollout.collect`` →
 ``samples.make_batch`` (or ``make_micro_batches``) → learner layout → train
 step → sync → optional evaluation → log → checkpoint → PEFT adapter export;
 each stage that takes more than a line is a function below it (``_run_settings``, ``_learner``,
-``_actor``, ``_update``, ``_log``, ``_save``). Every argument is keyword-only
+``_critic``) or in ``steps`` (``StepLoop``: rollout, update, log, checkpoint). Every argument is keyword-only
 and gin-bindable (``pau_jax.experiment.train``). Distillation is its own run
 mode (``sft.distill.distill``).
 
@@ -25,10 +25,7 @@ of the run's first start (``fingerprint.json``; ``_fingerprint`` says what may c
 import dataclasses
 import json
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
-
-import numpy as np
 
 from pau_jax import metrics_writer, parallel, run_claim
 from pau_jax.env import prompts
@@ -36,50 +33,16 @@ from pau_jax.env.episode import EpisodeConfig
 from pau_jax.env.runner import EpisodeSpec
 from pau_jax.policy import backends
 from pau_jax.policy.backends import SELF
-from pau_jax.policy.local import LocalPolicy
-from pau_jax.rl import credit, learner, samples
-from pau_jax.rl import rollout as rollout_lib
+from pau_jax.rl import credit, learner
 from pau_jax.rl.critic import CRITIC_PROMPT_VERSION, CriticConfig
 from pau_jax.rl.learner import LearnerConfig
 from pau_jax.rl.rewards import RewardConfig
 from pau_jax.rl.rollout import RolloutConfig
+from pau_jax.rl.steps import StepLoop
 from pau_jax.sandbox import Executor
 from pau_jax.tasks import DatasetConfig, DemoTasksConfig, load_tasks
 from pau_jax.training import run as run_lib
 from pau_jax.training.run import ActorConfig
-
-# Sampler calls one training step may make (rounds of its episodes); seeds of steps never overlap.
-_SEEDS_PER_STEP = 10_000
-
-
-def task_order(seed: int, position: int, n_tasks: int, count: int) -> list[int]:
-    """Task indices ``position .. position + count`` of an endless sequence of seeded epochs.
-
-    Epoch ``e`` is ``np.random.default_rng((seed, e)).permutation(n_tasks)``, so
-    the order depends only on (seed, position): a resumed run continues it.
-    """
-    if n_tasks < 1:
-        raise ValueError("there are no training tasks")
-    out = []
-    for p in range(position, position + count):
-        epoch, offset = divmod(p, n_tasks)
-        out.append(int(np.random.default_rng((seed, epoch)).permutation(n_tasks)[offset]))
-    return out
-
-
-def rollout_seed(seed: int, step: int) -> int:
-    """Base sampling seed of training step ``step`` (0-based); call n of the step adds n."""
-    return (seed * 1_000_003 + step) * _SEEDS_PER_STEP
-
-
-def critic_seed(seed: int, step: int) -> int:
-    """Base sampling seed of the critic at training step ``step``: the upper half of its block.
-
-    The actor's calls of a step use ``rollout_seed + n`` (n < _SEEDS_PER_STEP / 2), the
-    critic's ``critic_seed + n``, so a sampling critic never repeats its random stream
-    across steps and never shares one with the actor.
-    """
-    return rollout_seed(seed, step) + _SEEDS_PER_STEP // 2
 
 
 def _critic(critic, r: run_lib.Run, critic_config: CriticConfig, specs):
@@ -121,20 +84,6 @@ def _served_critic(critic, critic_config: CriticConfig):
                 f"({value}); set it once, in CriticConfig.sampling (gin: critic/SamplingConfig)"
             )
     return dataclasses.replace(critic, http=dataclasses.replace(http, **wanted))
-
-
-def _actor(r: run_lib.Run, rollout_config: RolloutConfig, seed: int) -> LocalPolicy:
-    """The actor's sampler at a step's base seed, with a fresh prefix cache (new weights).
-
-    It records each token's structured-decoding mask, if any, for the learner.
-    """
-    return LocalPolicy(
-        r.model,
-        r.tokenizer,
-        rollout_config.sampling_for(seed),
-        prefix_cache=backends.prefix_cache(rollout_config.prefix_cache_gib),
-        record_masks=True,
-    )
 
 
 def _from_run(name: str, config, field: str, value):
@@ -244,17 +193,13 @@ def train(
         process plays its share of the batch's tasks and only process 0 writes files.
       sandbox_workers: sandbox worker processes.
     """
-    learner_config, reward_config, critic = _run_settings(
+    cfg = _run_settings(
         critic, critic_config, episode_config, rollout_config, learner_config, reward_config
     )
     source = dataset or DemoTasksConfig()
     if tasks is not None:  # Explicit tasks: a digest of them and of their references.
         source = run_claim.digest((tasks, references))
-    settings = _fingerprint(
-        actor=actor, seed=seed, tasks=source, episode_config=episode_config,
-        rollout_config=rollout_config, critic=critic, critic_config=critic_config,
-        reward_config=reward_config, advantage_fn=advantage_fn, learner_config=learner_config,
-    )  # fmt: skip
+    settings = _fingerprint(actor=actor, seed=seed, tasks=source, advantage_fn=advantage_fn, **cfg)
     with (
         run_claim.claim(run_dir, kind="train", settings=settings, primary=parallel.is_primary()),
         run_lib.open_run(
@@ -263,37 +208,20 @@ def train(
         Executor(workers=sandbox_workers) as executor,
     ):
         specs, refs = _tasks(dataset, tasks, references, executor, episode_config)
-        critic_for = _critic(critic, r, critic_config, specs)
-        state, train_step, position, last = _learner(r, learner_config, seed)
+        critic_for = _critic(cfg["critic"], r, critic_config, specs)
+        state, train_step, position, last = _learner(r, cfg["learner_config"], seed)
         rows = math.lcm(rows_multiple, learner_config.micro_batch_size or 1, _batch_shards(r))
         k = rollout_config.tasks_per_batch
         total = steps if steps is not None else math.ceil(epochs * len(specs) / k)
-        step = int(state.step)
-        while step < total:
-            t0 = time.perf_counter()
-            reshard_s = r.to_layout(parallel.SAMPLER_RULES)
-            batch_tasks = [specs[i] for i in task_order(seed, position, len(specs), k)]
-            rollout = rollout_lib.collect(
-                parallel.process_split(batch_tasks),
-                actor=_actor(r, rollout_config, rollout_seed(seed, step)),
-                critic=critic_for(critic_seed(seed, step)),
-                executor=executor,
-                references=refs,
-                config=rollout_config,
-                episode_config=episode_config,
-                reward_config=reward_config,
-                critic_config=critic_config,
-                advantage_fn=advantage_fn,
-            )
-            t1 = time.perf_counter()
-            state, train_metrics, batch, learner_s = _update_unless_control(
-                r, train_step, state, rollout, learner_config, pad_to_multiple, rows
-            )
-            position, step = position + k, step + 1
-            last = _metrics(rollout, train_metrics, batch, t0, t1, reshard_s + learner_s, r.mesh)
-            _log(r, step, total, last, executor, eval_fn=eval_fn, eval_every=eval_every)
-            if step % checkpoint_every == 0 or step == total:
-                _save(r, step, state, seed=seed, position=position, last=last)
+        loop = StepLoop(r, executor, specs, refs, critic_for, train_step, seed, total, rows)
+        step, position, last = loop.run(
+            state,
+            position,
+            last,
+            settings=dict(cfg, advantage_fn=advantage_fn, pad_to_multiple=pad_to_multiple),
+            checkpoint_every=checkpoint_every,
+            evaluation=(eval_fn, eval_every),
+        )
         summary = {"mode": "grpo", "steps": step, "data_position": position}
         summary.update(credit=credit.describe(advantage_fn), last_metrics=last)
         return r.finish(summary)
@@ -302,7 +230,7 @@ def train(
 def _run_settings(
     critic, critic_config, episode_config, rollout_config, learner_config, reward_config
 ):
-    """(learner config, reward config, critic) with what the run sets: one setting each.
+    """The run's configs, by `train`'s argument names, with what the run sets: one setting each.
 
     The learner scores at the actor's sampling temperature; the rewards use the
     episode's T_max; a served critic samples as ``critic_config`` (``_served_critic``).
@@ -329,7 +257,14 @@ def _run_settings(
         "RewardConfig.max_steps", reward_config, "max_steps", episode_config.max_steps
     )
     reward_config = dataclasses.replace(reward_config, max_steps=t_max)
-    return learner_config, reward_config, _served_critic(critic, critic_config)
+    return {
+        "episode_config": episode_config,
+        "rollout_config": rollout_config,
+        "critic": _served_critic(critic, critic_config),
+        "critic_config": critic_config,
+        "reward_config": reward_config,
+        "learner_config": learner_config,
+    }
 
 
 def _fingerprint(**settings) -> dict:
@@ -373,92 +308,8 @@ def _learner(r: run_lib.Run, learner_config: LearnerConfig, seed: int):
     return state, train_step, position, last
 
 
-def _update_unless_control(r, train_step, state, rollout, learner_config, pad_to_multiple, rows):
-    """``_update``, or at learning rate 0 only the step count (a control run's rollouts).
-
-    AdamW at learning rate 0 moves nothing (weight decay is scaled by it too): a control
-    run is its rollouts, without the update's cost.
-    """
-    if learner_config.learning_rate == 0:
-        return dataclasses.replace(state, step=state.step + 1), {}, [], 0.0
-    return _update(r, train_step, state, rollout, pad_to_multiple=pad_to_multiple, rows=rows)
-
-
-def _update(r: run_lib.Run, train_step, state, rollout, *, pad_to_multiple: int, rows: int):
-    """One GRPO update on a rollout's samples: (state, train metrics, batches, reshard seconds).
-
-    Without a mesh and with micro-batches, the rows go longest first in micro-batches of
-    their own lengths (``samples.make_micro_batches``); otherwise in one batch, padded to
-    the largest of all processes'. The actor is moved to the learner layout, and the new
-    adapters synced into it.
-    """
-    micro = train_step.micro_batch_size
-    if r.mesh is None and micro:
-        batches = samples.make_micro_batches(
-            rollout.samples, micro_batch_size=micro, pad_to_multiple=pad_to_multiple
-        )
-    else:
-        batch = samples.make_batch(
-            rollout.samples, pad_to_multiple=pad_to_multiple, rows_multiple=rows
-        )
-        batches = [parallel.pad_to_largest_batch(batch)]
-    reshard_s = r.to_layout(parallel.LEARNER_RULES)
-    if r.mesh is not None:
-        batches = [parallel.shard_batch(batches[0], r.mesh)]
-    state, train_metrics = train_step(state, batches if len(batches) > 1 else batches[0])
-    learner.sync_model(r.model, state)
-    return state, train_metrics, batches, reshard_s
-
-
-def _log(
-    r: run_lib.Run, step: int, total: int, last: dict, executor, *, eval_fn, eval_every: int
-) -> None:
-    """Prints the step, runs ``eval_fn`` every ``eval_every`` steps, writes the step's metrics row."""
-    loss = f"loss={last['train/loss']:.4f}" if "train/loss" in last else "no update (lr 0)"
-    print(
-        f"[train] step {step}/{total} {loss} reward={last['rollout/reward_mean']:.3f}", flush=True
-    )
-    row = dict(last)
-    if eval_fn is not None and eval_every and step % eval_every == 0:
-        found = eval_fn(step=step, model=r.model, tokenizer=r.tokenizer, executor=executor)
-        row.update({f"eval/{name}": float(v) for name, v in found.items()})
-    # One row per step, written before the step's checkpoint starts: a resumed run
-    # keeps the rows up to its checkpoint and redoes the later steps (training.run).
-    r.writer.write(step, row)
-
-
-def _save(r: run_lib.Run, step: int, state, *, seed: int, position: int, last: dict) -> None:
-    """Starts the step's checkpoint: the train state, the data position and the step's metrics."""
-    extra = {
-        "seed": seed,
-        "data_position": position,
-        "step": step,
-        "mode": "grpo",
-        "last_metrics": json.dumps(last),
-    }
-    r.checkpointer.save(step, state, extra=extra)
-
-
 def _batch_shards(r: run_lib.Run) -> int:
     """Devices the rows of a batch are split over (the mesh axes of the logical `batch` axis)."""
     if r.mesh is None:
         return 1
     return math.prod(r.mesh.shape[a] for a in parallel.batch_sharding(r.mesh).spec[0] or ())
-
-
-def _metrics(rollout, train_metrics, batch, t0: float, t1: float, reshard_s: float, mesh) -> dict:
-    out = parallel.mean_metrics(dict(rollout.metrics))
-    out.update({name: float(value) for name, value in train_metrics.items()})
-    if batch:
-        out.update(
-            {
-                "train/batch_rows": float(sum(b.input_ids.shape[0] for b in batch)),
-                "train/batch_length": float(max(b.input_ids.shape[1] for b in batch)),
-                "train/batch_tokens": float(sum(b.input_ids.size for b in batch)),
-            }
-        )
-    out["time/rollout_seconds"] = t1 - t0
-    out["time/update_seconds"] = time.perf_counter() - t1
-    if mesh is not None:
-        out["time/reshard_s"] = reshard_s
-    return out

@@ -55,7 +55,7 @@ class Sample:
         for a learner at the rollout temperature).
       advantage: the sequence's advantage.
       masks: per completion token, the packed set of tokens a structured-decoding mask
-        allowed it from (`sampling.constraint.effective_masks`; None: every token), so
+        allowed it from (`sampling.token_mask.effective_masks`; None: every token), so
         the learner scores it under the same masked policy; empty: no mask anywhere.
     """
 

@@ -1,7 +1,7 @@
-"""A token-level automaton for the input phase, as device tables with jittable mask and step.
+"""A token-level automaton for the input phase, built on the host as device tables.
 
-Host side, `build(vocab, stop_ids, arity=, wrapper=, depth=)` compiles
-`input_grammar.grammar` to a minimal byte DFA, then walks every token's bytes
+`build(vocab, stop_ids, arity=, wrapper=, depth=)` compiles `input_grammar.grammar`
+to a minimal byte DFA (`byte_dfa.compile_dfa`), then walks every token's bytes
 from every state once (a walk over the sorted vocabulary's prefix trie). Tokens
 that behave alike in every state share a class, so the tables are
 
@@ -17,7 +17,8 @@ it never changes) and `dead` (row S + 1: only stop tokens; a disallowed token
 leads there). Accepting states allow only the stop tokens (the reply is
 complete). Transitions into states from which no token sequence completes the
 answer are dropped, so a row reached from `start` always has a token to sample.
-`mask_logits`, `advance` and `is_complete` are pure, per row, and jittable.
+The mask and the step over these tables, pure, per row and jittable, are
+`token_mask.py`'s.
 """
 
 import dataclasses
@@ -26,10 +27,9 @@ import hashlib
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from pau_jax.sampling import input_grammar
+from pau_jax.sampling import byte_dfa, input_grammar
 
 WRAPPERS = input_grammar.WRAPPERS
 
@@ -277,19 +277,19 @@ def _distances(next_state: np.ndarray, accepting: np.ndarray) -> np.ndarray:
 _WHOLE_REPLY = {"rating": input_grammar.rating_grammar, "code": input_grammar.code_grammar}
 
 
-def _byte_dfa(component: Component) -> tuple[input_grammar.ByteDFA, bool]:
+def _byte_dfa(component: Component) -> tuple[byte_dfa.ByteDFA, bool]:
     """The component's byte DFA and whether it is a detector (its accepting states absorb)."""
     if component.kind == "input":
         grammar = input_grammar.grammar(
             component.arity, component.wrapper, component.depth, component.shapes
         )
-        return input_grammar.compile_dfa(grammar), False
+        return byte_dfa.compile_dfa(grammar), False
     if component.kind in _WHOLE_REPLY:
-        return input_grammar.compile_dfa(_WHOLE_REPLY[component.kind]()), False
+        return byte_dfa.compile_dfa(_WHOLE_REPLY[component.kind]()), False
     parts = [input_grammar.decision_grammar()] if component.kind == "decision" else []
     if component.stop:
         parts.append(input_grammar.stop_grammar(component.stop))
-    dfa = input_grammar.compile_dfa(input_grammar.either(*parts))
+    dfa = byte_dfa.compile_dfa(input_grammar.either(*parts))
     delta = dfa.delta.copy()
     delta[dfa.accepting] = np.flatnonzero(dfa.accepting)[:, None]
     return dataclasses.replace(dfa, delta=delta), True
@@ -406,89 +406,3 @@ def _join(key, parts: tuple[_Part, ...]) -> TokenAutomaton:
         dead=dead,
     )
     return jax.device_put(automaton)
-
-
-def allowed_tokens(automaton: TokenAutomaton, states: jax.Array) -> jax.Array:
-    """[B] states -> [B, V] bool: which tokens each row may sample."""
-    words = jnp.asarray(automaton.masks)[jnp.asarray(automaton.mask_row)[states]]  # [B, W]
-    shifts = jnp.arange(32, dtype=jnp.uint32)
-    bits = (words[:, :, None] >> shifts) & jnp.uint32(1)  # [B, W, 32]
-    return bits.reshape(states.shape[0], -1)[:, : automaton.vocab_size].astype(bool)
-
-
-def mask_logits(
-    automaton: TokenAutomaton,
-    states: jax.Array,
-    logits: jax.Array,
-    remaining: jax.Array | None = None,
-) -> jax.Array:
-    """[B] states, [B, V] logits -> [B, V] logits with disallowed tokens at -inf.
-
-    A row in state `automaton.free` is returned unchanged. With `remaining` ([B] tokens
-    left, this one included), a token is also disallowed when the answer could not be
-    completed in the tokens left after it (`distance`), unless no token could: then the
-    grammar's mask alone applies. So a reply completes within its budget whenever its
-    start state's distance fits.
-    """
-    keep = budget_mask(automaton, states, remaining)
-    return jnp.where(keep, logits, jnp.asarray(-jnp.inf, logits.dtype))
-
-
-def budget_mask(
-    automaton: TokenAutomaton, states: jax.Array, remaining: jax.Array | None = None
-) -> jax.Array:
-    """[B, V] bool: the tokens `mask_logits` keeps (the grammar's, and the budget rule)."""
-    keep = allowed_tokens(automaton, states)
-    if remaining is not None:
-        nxt = jnp.asarray(automaton.next_state)[states].astype(jnp.int32)  # [B, C]
-        near = jnp.asarray(automaton.distance)[jnp.maximum(nxt, 0)] < remaining[:, None]
-        fits = keep & near[:, jnp.asarray(automaton.token_class)]
-        keep = jnp.where(jnp.any(fits, axis=-1, keepdims=True), fits, keep)
-    return keep
-
-
-def effective_masks(
-    automaton: TokenAutomaton, states: np.ndarray, remaining: np.ndarray
-) -> list[np.ndarray | None]:
-    """Per token, the set `mask_logits` allowed it from: packed [ceil(V / 32)] uint32 bits.
-
-    On the host, for a learner that scores the tokens under the same masks as the sampler
-    (`training.logprobs.token_logprobs`'s ``masks``). None where every token of the
-    vocabulary was allowed (the `free` state, a detector), so unmasked tokens cost nothing.
-
-    Args:
-      automaton: the automaton the tokens were sampled under.
-      states: [n] each token's state before it was drawn (`SampleOutput.states`).
-      remaining: [n] the tokens left in the budget at each, that token included.
-    """
-    masks, mask_row = np.asarray(automaton.masks), np.asarray(automaton.mask_row)
-    next_state = np.asarray(automaton.next_state).astype(np.int32)
-    distance, token_class = np.asarray(automaton.distance), np.asarray(automaton.token_class)
-    vocab = automaton.vocab_size
-    out = []
-    for state, left in zip(np.asarray(states).tolist(), np.asarray(remaining).tolist()):
-        keep = np.unpackbits(masks[mask_row[state]].view(np.uint8), bitorder="little")[:vocab]
-        keep = keep.astype(bool)
-        near = (distance[np.maximum(next_state[state], 0)] < left)[token_class]
-        fits = keep & near
-        if fits.any():
-            keep = fits
-        if keep.all():
-            out.append(None)
-            continue
-        padded = np.zeros(masks.shape[1] * 32, bool)
-        padded[:vocab] = keep
-        out.append(np.packbits(padded, bitorder="little").view("<u4").astype(np.uint32))
-    return out
-
-
-def advance(automaton: TokenAutomaton, states: jax.Array, tokens: jax.Array) -> jax.Array:
-    """[B] states, [B] sampled tokens -> [B] next states (`dead` after a disallowed token)."""
-    classes = jnp.asarray(automaton.token_class)[tokens]
-    nxt = jnp.asarray(automaton.next_state)[states, classes].astype(jnp.int32)
-    return jnp.where(nxt < 0, automaton.dead, nxt)
-
-
-def is_complete(automaton: TokenAutomaton, states: jax.Array) -> jax.Array:
-    """[B] states -> [B] bool: the answer is complete (only stop tokens remain)."""
-    return jnp.asarray(automaton.accepting)[states]

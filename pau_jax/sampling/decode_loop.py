@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from pau_jax.models import kv_cache, quantization, sharding
-from pau_jax.sampling import batching, constraint, logits, runtime
+from pau_jax.sampling import batching, logits, runtime, token_mask
 from pau_jax.sampling import settings as settings_lib
 
 _log = logging.getLogger(__name__)
@@ -154,11 +154,11 @@ def _decode(graphdef, state, carry, settings: settings_lib.DecodeSettings):
         plain_logits = raw if penalise else None
         if automaton is not None:
             remaining = max_new_tokens - carry["lengths"]
-            keep = constraint.budget_mask(automaton, carry["states"], remaining)
+            keep = token_mask.budget_mask(automaton, carry["states"], remaining)
             lowest = jnp.asarray(-jnp.inf, scores.dtype)
             scores = jnp.where(keep, scores, lowest)
             # The plain log-probs are those of the masked policy without the penalty: what
-            # a learner applying the same mask computes (`constraint.effective_masks`).
+            # a learner applying the same mask computes (`token_mask.effective_masks`).
             plain_logits = jnp.where(keep, raw, lowest)
         tokens, logprobs, plain = logits.sample_tokens(
             scores,
@@ -176,9 +176,9 @@ def _decode(graphdef, state, carry, settings: settings_lib.DecodeSettings):
         extra = dict(seen=logits.mark_seen(carry["seen"], tokens)) if penalise else {}
         if automaton is not None:  # a row whose answer is complete ends with this token
             extra["trace"] = carry["trace"].at[:, step].set(carry["states"])
-            states = constraint.advance(automaton, carry["states"], tokens)
+            states = token_mask.advance(automaton, carry["states"], tokens)
             extra["states"] = jnp.where(live, states, carry["states"])
-            hit_stop = hit_stop | (live & constraint.is_complete(automaton, states))
+            hit_stop = hit_stop | (live & token_mask.is_complete(automaton, states))
         return dict(
             **extra,
             step=step + 1,

@@ -28,7 +28,7 @@ class SampleOutput:
         last token, padding excluded).
       reused_tokens: prompt tokens whose keys and values came from a prefix cache.
       states: with an automaton, per row [n] int32 each token's automaton state before it
-        was drawn (`constraint.effective_masks` gives the token's mask); else None.
+        was drawn (`token_mask.effective_masks` gives the token's mask); else None.
     """
 
     tokens: list[list[int]]

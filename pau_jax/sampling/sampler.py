@@ -101,7 +101,7 @@ def generate(
       `logprobs` are those of the penalised and masked distribution drawn from;
       `plain_logprobs` are log_softmax(logits / T) of the raw logits, masked by the
       automaton (not penalised): what a learner computes, given each token's mask
-      (`states`, `constraint.effective_masks`).
+      (`states`, `token_mask.effective_masks`).
     """
     settings_lib.check_arguments(max_new_tokens, n_samples, stop_token_ids, stop_strings, decode)
     prompt_lists = settings_lib.checked_prompts(prompts, prompt_mask, model.config.vocab_size)

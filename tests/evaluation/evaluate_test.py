@@ -17,6 +17,7 @@ import pytest
 
 from pau_jax import run_claim
 from pau_jax.evaluation import pipeline
+from pau_jax.evaluation.score import ScoringConfig
 from pau_jax.policy import backends, scripted
 from pau_jax.tasks import DatasetConfig, DemoTasksConfig
 from pau_jax.tasks import demo as demo_tasks
@@ -25,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTED = dict(
     judge=backends.ScriptedJudgeBackendConfig(),
     coder=backends.ScriptedCoderBackendConfig(),
-    bootstrap_resamples=500,
+    scoring=ScoringConfig(bootstrap_resamples=500),
 )
 
 
@@ -38,9 +39,9 @@ def test_demo_tasks_both_modes_and_resume(tmp_path, capsys):
     kwargs = dict(
         policy=backends.OracleBackendConfig(n_probes=2),
         modes=("interactive", "in_context"),
-        coder_observations=(False, True),
         episode_config=config,
-        **SCRIPTED,
+        **SCRIPTED
+        | {"scoring": ScoringConfig(coder_observations=(False, True), bootstrap_resamples=500)},
     )
     result = pipeline.evaluate(run_dir=str(tmp_path), **kwargs)
     runs = result["runs"]
@@ -199,7 +200,11 @@ def test_bad_arguments_are_clear(tmp_path):
     with pytest.raises(ValueError, match="modes must be"):
         pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, modes=("both",))
     with pytest.raises(ValueError, match="coder_observations"):
-        pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, coder_observations=())
+        pipeline.evaluate(
+            run_dir=str(tmp_path), policy=oracle, scoring=ScoringConfig(coder_observations=())
+        )
+    with pytest.raises(ValueError, match="baselines are keyed by mode name"):
+        pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, baselines={"memry": None})
     with pytest.raises(TypeError, match="task source must be"):
         pipeline.evaluate(run_dir=str(tmp_path), policy=oracle, dataset="demo", **SCRIPTED)
     with pytest.raises(ValueError, match="checkpoint_dir is not set"):
@@ -272,7 +277,7 @@ def test_a_self_graded_run_says_so_at_the_top(tmp_path, monkeypatch):
         judge=backends.ScriptedJudgeBackendConfig(),
         coder="self",
         modes=("in_context",),
-        bootstrap_resamples=200,
+        scoring=ScoringConfig(bootstrap_resamples=200),
     )
     assert result["grading"]["self_graded"] and result["grading"]["coder"].startswith("self")
     metrics = json.loads((tmp_path / "metrics.json").read_text())
@@ -292,7 +297,7 @@ class _WrongCoderHandler(_OracleHandler):
 def test_a_wrong_coder_scores_below_one_against_the_stored_outputs(tmp_path):
     from pau_jax.env.episode import EpisodeConfig
     from pau_jax.policy.http import HTTPConfig
-    from pau_jax.sandbox import Executor, values
+    from pau_jax.sandbox import Executor, equality
 
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _WrongCoderHandler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -305,7 +310,7 @@ def test_a_wrong_coder_scores_below_one_against_the_stored_outputs(tmp_path):
             judge=backends.ScriptedJudgeBackendConfig(),
             coder=coder,
             episode_config=EpisodeConfig(call_budget=2),
-            bootstrap_resamples=200,
+            scoring=ScoringConfig(bootstrap_resamples=200),
         )
     finally:
         httpd.shutdown()
@@ -314,7 +319,7 @@ def test_a_wrong_coder_scores_below_one_against_the_stored_outputs(tmp_path):
         _, references = demo_tasks.load(ex, EpisodeConfig())
     # Per task, the share of stored held-out outputs that are the int 0 (typed: not 0.0 or False).
     expected = {
-        tid: sum(values.typed_equal(o, 0) for o in ref.held_out_outputs) / len(ref.held_out)
+        tid: sum(equality.typed_equal(o, 0) for o in ref.held_out_outputs) / len(ref.held_out)
         for tid, ref in references.items()
     }
     scored = [json.loads(x) for x in _lines(tmp_path / "interactive_scored.jsonl")]
@@ -393,7 +398,7 @@ def test_eval_gin_files_parse(files, tmp_path):
         ],
         "eval/ft.gin": [
             "evaluate.modes = ('in_context', 'ft')",
-            "evaluate.fine_tune_fn = @pau_jax.sft.finetune.train_adapter",
+            "evaluate.baselines = {'ft': @pau_jax.sft.finetune.train_adapter}",
             "ft/SFTConfig.learning_rate = 2e-05",
             "ft/SFTConfig.epochs = 5",
             "ft/SFTConfig.batch_size = 8",
@@ -427,9 +432,7 @@ def test_episode_calls_and_scoring_have_their_own_timeouts(tmp_path, monkeypatch
         policy=backends.OracleBackendConfig(n_probes=1),
         dataset=DemoTasksConfig(limit=1),
         call_timeout_s=30.0,
-        score_timeout_s=0.5,
-        attribute_failures=False,
-        **SCRIPTED,
+        **SCRIPTED | {"scoring": ScoringConfig(timeout_s=0.5, attribute_failures=False)},
     )
     assert seen == {"episode": 30.0, "score": 0.5}
 
@@ -463,7 +466,7 @@ def test_a_refused_judge_stops_the_run_and_a_rerun_resumes(tmp_path):
         policy=backends.OracleBackendConfig(n_probes=1),
         coder=backends.ScriptedCoderBackendConfig(),
         episode_config=pipeline.EpisodeConfig(call_budget=2),
-        bootstrap_resamples=200,
+        scoring=ScoringConfig(bootstrap_resamples=200),
     )
     with pytest.raises(EndpointError) as raised:
         pipeline.evaluate(run_dir=str(tmp_path), judge=_refused_seat(url, "j"), **kwargs)
@@ -646,10 +649,8 @@ def test_a_rerun_with_the_same_settings_resumes_what_is_left(tmp_path):
         tmp_path,
         sandbox_workers=1,
         call_timeout_s=5.0,
-        score_timeout_s=5.0,
         max_parallel_calls=2,
-        score_batch_size=2,
-        bootstrap_resamples=200,
+        scoring=ScoringConfig(timeout_s=5.0, batch_size=2, bootstrap_resamples=200),
         title="resumed",
     )
     assert _lines(episodes)[:3] == kept and len(_lines(episodes)) == 4

@@ -5,6 +5,7 @@ import pytest
 
 from pau_jax.env import runner
 from pau_jax.evaluation import pipeline
+from pau_jax.evaluation.score import ScoringConfig
 from pau_jax.policy import backends, scripted
 from pau_jax.tasks import DatasetConfig
 from pau_jax.tasks import pau_dataset as tasks
@@ -46,7 +47,7 @@ def test_the_coder_sees_the_gold_description_and_the_two_shown_examples(
         dataset=dataset,
         modes=("gold",),
         coder=coder_config,  # no judge: gold is not judged
-        bootstrap_resamples=200,
+        scoring=ScoringConfig(bootstrap_resamples=200),
     )
     records = tasks.load_split("debug", "test", data_dir)
     described = [r for r in records if r.description]
@@ -111,7 +112,7 @@ def test_gold_is_reported_beside_the_other_runs(tmp_path, monkeypatch):
         modes=("in_context", "gold"),
         judge=backends.ScriptedJudgeBackendConfig(),
         coder=coder_config,
-        bootstrap_resamples=200,
+        scoring=ScoringConfig(bootstrap_resamples=200),
     )
     gold = result["runs"]["gold"]["code_match"]["mean"]
     assert gold == 1.0
@@ -142,7 +143,7 @@ def test_gold_with_a_tiny_checkpoint_as_coder(data_dir, tmp_path):
         dataset=DatasetConfig(config="debug", data_dir=str(data_dir), limit=5),
         modes=("gold",),
         coder=coder,
-        bootstrap_resamples=200,
+        scoring=ScoringConfig(bootstrap_resamples=200),
     )
     scored = runner.load_records(tmp_path / "run" / "gold_scored.jsonl")
     described = [r for r in scored if not r.get("gold_missing")]

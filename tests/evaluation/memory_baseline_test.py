@@ -11,6 +11,7 @@ from pau_jax import run_claim
 from pau_jax.env import runner
 from pau_jax.evaluation import memory_baseline as memory
 from pau_jax.evaluation import pipeline
+from pau_jax.evaluation.score import ScoringConfig
 from pau_jax.policy import backends, embeddings, scripted
 from pau_jax.tasks import DatasetConfig
 from pau_jax.tasks import pau_dataset as tasks
@@ -71,11 +72,13 @@ def _evaluate(run_dir, data_dir, embedder, agent, monkeypatch, top_k=TOP_K, **kw
         policy=agent_config,
         dataset=DatasetConfig(config="debug", data_dir=str(data_dir), limit=LIMIT),
         modes=("interactive", "memory", "gold"),
-        memory=memory.MemoryConfig(embedder=embedder, top_k=top_k, max_held_out_shown=3),
+        baselines={
+            "memory": memory.MemoryConfig(embedder=embedder, top_k=top_k, max_held_out_shown=3)
+        },
         judge=backends.ScriptedJudgeBackendConfig(),
         coder=backends.ScriptedCoderBackendConfig(),
         episode_config=pipeline.EpisodeConfig(call_budget=2),
-        bootstrap_resamples=200,
+        scoring=ScoringConfig(bootstrap_resamples=200),
         **kwargs,
     )
 
@@ -189,11 +192,11 @@ def test_memory_requirements_are_checked_first(setup, tmp_path):
     )
     config = memory.MemoryConfig(embedder=embedder)
     with pytest.raises(ValueError, match="starts from the interactive run"):
-        pipeline.evaluate(modes=("memory",), memory=config, **common)
+        pipeline.evaluate(modes=("memory",), baselines={"memory": config}, **common)
     with pytest.raises(ValueError, match="needs an embedder"):
         pipeline.evaluate(modes=("interactive", "memory"), **common)
     with pytest.raises(ValueError, match="need the train split"):
-        pipeline.evaluate(modes=("interactive", "memory"), memory=config, **common)
+        pipeline.evaluate(modes=("interactive", "memory"), baselines={"memory": config}, **common)
     assert not (tmp_path / "run").exists()
 
 

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from pau_jax.evaluation import pipeline
+from pau_jax.evaluation.score import ScoringConfig
 from pau_jax.policy import backends
 from pau_jax.policy.config import SamplingConfig
 from pau_jax.policy.http import HTTPConfig
@@ -36,7 +37,7 @@ def _evaluate(run_dir, policy, data_dir):
         coder="self",
         dataset=DatasetConfig(config="debug", data_dir=str(data_dir), limit=TASKS),
         episode_config=pipeline.EpisodeConfig(call_budget=BUDGET),
-        bootstrap_resamples=200,
+        scoring=ScoringConfig(bootstrap_resamples=200),
         sandbox_workers=2,
     )
 

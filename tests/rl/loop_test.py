@@ -18,7 +18,7 @@ from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy import backends
 from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig
 from pau_jax.policy.http import HTTPConfig
-from pau_jax.rl import loop
+from pau_jax.rl import loop, steps
 from pau_jax.rl.critic import CriticConfig
 from pau_jax.rl.grpo import GRPOConfig
 from pau_jax.rl.learner import LearnerConfig
@@ -50,40 +50,40 @@ TINY = dict(
 
 
 def test_task_order_is_seeded_epoch_permutations_and_resumable():
-    order = loop.task_order(7, 0, 5, 12)
+    order = steps.task_order(7, 0, 5, 12)
     assert sorted(order[:5]) == list(range(5)) and sorted(order[5:10]) == list(range(5))
-    assert loop.task_order(8, 0, 5, 12) != order
+    assert steps.task_order(8, 0, 5, 12) != order
     # Continuing from a saved position gives the same sequence.
-    assert loop.task_order(7, 4, 5, 8) == order[4:12]
-    assert loop.task_order(7, 0, 5, 12) == order
+    assert steps.task_order(7, 4, 5, 8) == order[4:12]
+    assert steps.task_order(7, 0, 5, 12) == order
     with pytest.raises(ValueError, match="no training tasks"):
-        loop.task_order(0, 0, 0, 1)
+        steps.task_order(0, 0, 0, 1)
 
 
 def test_rollout_seeds_of_steps_never_overlap():
-    seeds = [loop.rollout_seed(s, k) for s in range(3) for k in range(100)]
+    seeds = [steps.rollout_seed(s, k) for s in range(3) for k in range(100)]
     gaps = np.diff(sorted(seeds))
     assert len(set(seeds)) == len(seeds) and gaps.min() >= loop._SEEDS_PER_STEP
 
 
 def test_critic_seeds_differ_per_step_and_from_the_actor():
-    seeds = {loop.critic_seed(s, k) for s in range(3) for k in range(100)}
-    actor = {loop.rollout_seed(s, k) + n for s in range(3) for k in range(100) for n in range(50)}
+    seeds = {steps.critic_seed(s, k) for s in range(3) for k in range(100)}
+    actor = {steps.rollout_seed(s, k) + n for s in range(3) for k in range(100) for n in range(50)}
     assert len(seeds) == 300 and not seeds & actor
 
 
 def test_a_sampling_critic_gets_a_fresh_seed_every_step(tmp_path, monkeypatch):
     seen = []
-    collect = loop.rollout_lib.collect
+    collect = steps.rollout_lib.collect
 
     def spy(*args, critic, **kwargs):
         seen.append(critic.sampling.seed)
         return collect(*args, critic=critic, **kwargs)
 
-    monkeypatch.setattr(loop.rollout_lib, "collect", spy)
+    monkeypatch.setattr(steps.rollout_lib, "collect", spy)
     critic = CriticConfig(sampling=SamplingConfig(max_new_tokens=4, temperature=1.0))
     loop.train(run_dir=str(tmp_path), steps=2, **dict(TINY, critic_config=critic))
-    assert seen == [loop.critic_seed(TINY["seed"], 0), loop.critic_seed(TINY["seed"], 1)]
+    assert seen == [steps.critic_seed(TINY["seed"], 0), steps.critic_seed(TINY["seed"], 1)]
 
 
 class _Rater(http.server.BaseHTTPRequestHandler):
@@ -125,7 +125,7 @@ def test_a_served_critic_gets_the_steps_seed_and_the_critics_sampling(tmp_path):
         httpd.shutdown()
         httpd.server_close()
     seeds = [body["seed"] for body in _Rater.bodies]
-    first, second = loop.critic_seed(TINY["seed"], 0), loop.critic_seed(TINY["seed"], 1)
+    first, second = steps.critic_seed(TINY["seed"], 0), steps.critic_seed(TINY["seed"], 1)
     # Every request of step 0 before those of step 1, each step with its own seed.
     assert seeds[0] == first and seeds[-1] == second and seeds == sorted(seeds)
     assert set(seeds) == {first, second}
@@ -154,7 +154,7 @@ def test_the_prefix_cache_settings_reach_the_actor_and_the_critic(
         seen.update(actor=actor.prefix_cache, critic=critic.prefix_cache)
         raise _Stop
 
-    monkeypatch.setattr(loop.rollout_lib, "collect", spy)
+    monkeypatch.setattr(steps.rollout_lib, "collect", spy)
     settings = dict(
         TINY,
         rollout_config=dataclasses.replace(TINY["rollout_config"], prefix_cache_gib=actor_gib),

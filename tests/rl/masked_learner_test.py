@@ -11,7 +11,7 @@ import rl_testlib as lib
 from pau_jax.rl import grpo
 from pau_jax.rl.grpo import GRPOConfig
 from pau_jax.rl.samples import Sample, episode_sample, make_batch, make_micro_batches
-from pau_jax.sampling import constraint, generate
+from pau_jax.sampling import constraint, generate, token_mask
 from pau_jax.training.logprobs import token_logprobs
 
 # A byte vocabulary over the tiny model's 96 ids: what an input tuple and a rating need,
@@ -45,7 +45,7 @@ def _rollout(model, seed: int):
     )  # fmt: skip
     rows = []
     for r, ids in enumerate(out.tokens):
-        masks = constraint.effective_masks(automaton, out.states[r], BUDGET - np.arange(len(ids)))
+        masks = token_mask.effective_masks(automaton, out.states[r], BUDGET - np.arange(len(ids)))
         rows.append((PROMPTS[r // 4], list(ids), list(out.plain_logprobs[r]), masks))
     return rows
 
@@ -121,7 +121,7 @@ def _phase(model, automaton, prompt, start, seed):
         automaton=automaton, automaton_starts=[start], stop_token_ids=[STOP],
     )  # fmt: skip
     ids = list(out.tokens[0])
-    masks = constraint.effective_masks(automaton, out.states[0], BUDGET - np.arange(len(ids)))
+    masks = token_mask.effective_masks(automaton, out.states[0], BUDGET - np.arange(len(ids)))
     return types.SimpleNamespace(
         prompt_ids=list(prompt), token_ids=ids, logprobs=list(out.plain_logprobs[0]),
         masks=tuple(masks),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pau_jax.env import parse
-from pau_jax.sampling import constraint, input_grammar
+from pau_jax.sampling import byte_dfa, constraint, input_grammar, token_mask
 from pau_jax.sandbox.args import parse_call_args
 
 # A tiny byte vocabulary: every printable byte, tab and newline, pieces of the wrappers,
@@ -97,9 +97,9 @@ def _walk(a, finish, budgets, key, stop, steps):
         noise = jax.random.gumbel(sub, (rows, a.vocab_size))
         towards = jnp.where(jnp.arange(a.vocab_size) == finish[states][:, None], 0.0, -1e9)
         logits = jnp.where((t < budgets)[:, None], noise, towards)
-        tokens = jnp.argmax(constraint.mask_logits(a, states, logits), axis=-1)
+        tokens = jnp.argmax(token_mask.mask_logits(a, states, logits), axis=-1)
         tokens = jnp.where(done, -1, tokens)
-        states = jnp.where(done, states, constraint.advance(a, states, jnp.maximum(tokens, 0)))
+        states = jnp.where(done, states, token_mask.advance(a, states, jnp.maximum(tokens, 0)))
         return (states, done | (tokens == stop), key), tokens
 
     (_, done, _), tokens = jax.lax.scan(step, (states, budgets < 0, key), jnp.arange(steps))
@@ -175,9 +175,9 @@ def test_bounded_tokens_keep_a_reply_within_its_bytes_and_digits():
 
 
 def test_arity_zero_and_rejected_replies():
-    dfa = input_grammar.compile_dfa(input_grammar.grammar(0))
+    dfa = byte_dfa.compile_dfa(input_grammar.grammar(0))
     assert dfa.accepting[dfa.walk(0, b"```\n()\n```")]
-    dfa = input_grammar.compile_dfa(input_grammar.grammar(2))
+    dfa = byte_dfa.compile_dfa(input_grammar.grammar(2))
     for bad in [
         b"```\n(1)\n```",
         b"```\n(1, 2, 3)\n```",
@@ -213,16 +213,16 @@ def _host_next(a, dfa, live, state: int, token: int) -> int:
 
 def test_device_tables_agree_with_the_host_dfa():
     a = _automaton(2)
-    dfa = input_grammar.compile_dfa(input_grammar.grammar(2))
+    dfa = byte_dfa.compile_dfa(input_grammar.grammar(2))
     live = _host_live(dfa)
     rng = np.random.default_rng(0)
     states = rng.integers(0, a.dead + 1, 512).astype(np.int32)
     tokens = rng.integers(0, VOCAB_SIZE, 512).astype(np.int32)
-    nxt = jax.jit(constraint.advance)(a, jnp.asarray(states), jnp.asarray(tokens))
+    nxt = jax.jit(token_mask.advance)(a, jnp.asarray(states), jnp.asarray(tokens))
     expected = [_host_next(a, dfa, live, int(s), int(t)) for s, t in zip(states, tokens)]
     np.testing.assert_array_equal(np.asarray(nxt), expected)
     logits = jnp.zeros((64, VOCAB_SIZE))
-    masked = np.asarray(jax.jit(constraint.mask_logits)(a, jnp.asarray(states[:64]), logits))
+    masked = np.asarray(jax.jit(token_mask.mask_logits)(a, jnp.asarray(states[:64]), logits))
     for row, s in zip(masked, states[:64]):
         allowed = [
             t
@@ -238,10 +238,10 @@ def test_free_rows_are_unchanged_and_masked_log_softmax_matches_numpy():
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(6, VOCAB_SIZE)).astype(np.float32) * 3
     states = jnp.asarray([a.free, a.start, 3, a.free, 7, a.dead], jnp.int32)
-    masked = jax.jit(constraint.mask_logits)(a, states, jnp.asarray(logits))
+    masked = jax.jit(token_mask.mask_logits)(a, states, jnp.asarray(logits))
     np.testing.assert_array_equal(np.asarray(masked)[[0, 3]], logits[[0, 3]])
     got = np.asarray(jax.nn.log_softmax(masked, axis=-1))
-    allowed = np.asarray(constraint.allowed_tokens(a, states))
+    allowed = np.asarray(token_mask.allowed_tokens(a, states))
     for row in range(6):
         keep = allowed[row]
         top = logits[row][keep].max()

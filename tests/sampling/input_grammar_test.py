@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from pau_jax.env import input_example, parse
-from pau_jax.sampling import input_grammar
-from pau_jax.sandbox import values
+from pau_jax.sampling import byte_dfa, input_grammar
+from pau_jax.sandbox import equality, values
 from pau_jax.sandbox.args import parse_call_args
 
 
 @functools.cache
-def _dfa(arity: int, wrapper: str = "fence", shapes: tuple = ()) -> input_grammar.ByteDFA:
-    return input_grammar.compile_dfa(input_grammar.grammar(arity, wrapper, shapes=shapes))
+def _dfa(arity: int, wrapper: str = "fence", shapes: tuple = ()) -> byte_dfa.ByteDFA:
+    return byte_dfa.compile_dfa(input_grammar.grammar(arity, wrapper, shapes=shapes))
 
 
 def _reply(args_text: str, wrapper: str = "fence") -> str:
@@ -51,7 +51,7 @@ def _items(values_, scalar) -> str:
 
 
 def _same(a, b) -> bool:
-    return values.typed_equal(a, b, float_rtol=0.0)
+    return equality.typed_equal(a, b, float_rtol=0.0)
 
 
 def _read(reply: str, arity: int, wrapper: str = "fence") -> tuple:
@@ -285,7 +285,7 @@ def test_typed_grammars_accept_the_values_of_their_shapes():
 # --- soundness: random replies the DFA accepts --------------------------------------------
 
 
-def _distances(dfa: input_grammar.ByteDFA) -> np.ndarray:
+def _distances(dfa: byte_dfa.ByteDFA) -> np.ndarray:
     """[S] fewest bytes from each state to an accepting one (large: none)."""
     big = 10**9
     dist = np.where(dfa.accepting, 0, big)
@@ -297,7 +297,7 @@ def _distances(dfa: input_grammar.ByteDFA) -> np.ndarray:
         dist = new
 
 
-def _random_replies(dfa: input_grammar.ByteDFA, n: int, seed: int) -> list[bytes]:
+def _random_replies(dfa: byte_dfa.ByteDFA, n: int, seed: int) -> list[bytes]:
     """Walks choosing a byte class uniformly for a random length, then the shortest way out."""
     rng = np.random.default_rng(seed)
     dist = _distances(dfa)
@@ -395,8 +395,8 @@ def test_replies_without_a_final_rating_are_refused(reply):
 
 
 @functools.cache
-def _rating_dfa() -> input_grammar.ByteDFA:
-    return input_grammar.compile_dfa(input_grammar.rating_grammar())
+def _rating_dfa() -> byte_dfa.ByteDFA:
+    return byte_dfa.compile_dfa(input_grammar.rating_grammar())
 
 
 CODE_VALID = [
@@ -433,5 +433,5 @@ def test_replies_that_are_not_one_closed_block_are_refused(reply):
 
 
 @functools.cache
-def _code_dfa() -> input_grammar.ByteDFA:
-    return input_grammar.compile_dfa(input_grammar.code_grammar())
+def _code_dfa() -> byte_dfa.ByteDFA:
+    return byte_dfa.compile_dfa(input_grammar.code_grammar())

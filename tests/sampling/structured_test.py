@@ -12,7 +12,7 @@ from scipy import stats
 
 from pau_jax.env import episode, parse
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.sampling import constraint, generate, logits
+from pau_jax.sampling import constraint, generate, logits, token_mask
 
 # A 128-token byte vocabulary for the tiny model: printable ASCII, newline, wrapper and
 # literal pieces, label pieces, split UTF-8; the last two ids are a stop token and another
@@ -204,7 +204,7 @@ def test_draws_follow_the_masked_distribution():
     for piece in (b"```\n", b"("):
         state = int(host.next_state[state, host.token_class[VOCAB.index(piece)]])
     states = jnp.full(rows, state, jnp.int32)
-    masked = constraint.mask_logits(
+    masked = token_mask.mask_logits(
         automaton, states, jnp.tile(row_logits, (rows, 1)), jnp.full(rows, 64)
     )
     uniforms = jnp.asarray(rng.random((rows, 2), np.float32))

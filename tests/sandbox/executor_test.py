@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pau_jax.sandbox import Executor, SandboxConfig, SandboxError, values, worker_process
+from pau_jax.sandbox import Executor, SandboxConfig, SandboxError, equality, values, worker_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT = 20.0
@@ -43,7 +43,7 @@ def test_arguments_of_every_type_cross_unchanged(executor):
     )
     result = executor.call(ECHO, args, timeout_s=TIMEOUT)
     assert result.ok, result
-    assert values.typed_equal(result.value, args, float_rtol=0.0)
+    assert equality.typed_equal(result.value, args, float_rtol=0.0)
     assert result.encoded == values.encode(args)
 
 

@@ -1,4 +1,4 @@
-"""Tests of the typed value codec: round trips, canonical form, typed equality, display."""
+"""Tests of the typed value codec: round trips, canonical form, display."""
 
 import collections
 import math
@@ -170,47 +170,6 @@ def test_cycles_and_depth_are_bounded():
 def test_malformed_text_raises_encoding_error(text):
     with pytest.raises(values.EncodingError):
         values.decode(text)
-
-
-def test_typed_equal_distinguishes_types():
-    assert values.typed_equal((1, 2), (1, 2))
-    assert not values.typed_equal((1, 2), [1, 2])
-    assert not values.typed_equal((1, 2), [1, 2], strict=False)
-    assert not values.typed_equal("5", 5, strict=False)
-    assert not values.typed_equal(b"a", "a", strict=False)
-    assert not values.typed_equal(True, 1)
-    assert values.typed_equal(True, 1, strict=False)
-    assert not values.typed_equal(2, 2.0)
-    assert values.typed_equal(2, 2.0, strict=False)
-    assert not values.typed_equal({1}, frozenset({1}))
-    assert values.typed_equal({1}, frozenset({1}), strict=False)
-    assert not values.typed_equal({1: "a"}, {True: "a"})
-    assert values.typed_equal({1: "a"}, {True: "a"}, strict=False)
-    assert not values.typed_equal([1, 2], [1, 2, 3])
-
-
-def test_typed_equal_floats():
-    assert values.typed_equal(NAN, float("nan"))
-    assert values.typed_equal([NAN], [NAN])
-    assert values.typed_equal(0.0, -0.0)
-    assert values.typed_equal(0.1 + 0.2, 0.3)
-    assert not values.typed_equal(0.1 + 0.2, 0.3, float_rtol=0.0)
-    assert not values.typed_equal(1.0, 1.001)
-    assert values.typed_equal(1.0, 1.001, float_rtol=0.01)
-    assert not values.typed_equal(float("inf"), float("-inf"))
-    assert values.typed_equal(complex(1, 0.1 + 0.2), complex(1, 0.3))
-    assert not values.typed_equal(NAN, 1.0)
-
-
-def test_typed_equal_nested_and_dict_keys():
-    a = {(1, "x"): [1.0, {"k": (2,)}], frozenset({1, 2}): None}
-    b = {frozenset({2, 1}): None, (1, "x"): [1.0 + 1e-12, {"k": (2,)}]}
-    assert values.typed_equal(a, b)
-    assert values.typed_equal(values.decode(values.encode(a)), b)
-    b[(1, "x")][1]["k"] = [2]
-    assert not values.typed_equal(a, b)
-    assert values.typed_equal(values.Opaque("T", "<T>"), values.Opaque("T", "<T>"))
-    assert not values.typed_equal(values.Opaque("T", "<T>"), values.Opaque("T", "<U>"))
 
 
 @pytest.mark.parametrize(

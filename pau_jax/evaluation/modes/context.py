@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from pau_jax.env import runner
 from pau_jax.env.episode import EpisodeConfig
-from pau_jax.evaluation import memory_baseline as memory_lib
 from pau_jax.evaluation import score
 from pau_jax.policy import backends
 from pau_jax.policy.backends import Seat
@@ -28,11 +27,10 @@ class Options:
       train_dataset: the train split for the baselines that learn from one (None: derived
         from `dataset`).
       episode_config, call_timeout_s, max_parallel_calls: how episodes run.
-      score_timeout_s, score_batch_size, coder_observations, attribute_failures,
-        low_code_match, low_judge_score: how runs are scored.
+      scoring: how runs are scored (`score.ScoringConfig`).
       in_context_batch_size: tasks per policy call in the in-context modes.
-      memory: the memory baseline's settings.
-      fine_tune_fn: the ft baseline's adapter trainer.
+      baselines: mode name -> that baseline's own settings (the memory baseline's
+        `MemoryConfig`, the ft baseline's adapter trainer); each mode reads its entry.
     """
 
     out: pathlib.Path
@@ -41,16 +39,10 @@ class Options:
     train_dataset: Any
     episode_config: EpisodeConfig
     call_timeout_s: float
-    score_timeout_s: float
     max_parallel_calls: int
-    coder_observations: tuple[bool, ...]
-    attribute_failures: bool
-    low_code_match: float
-    low_judge_score: int
+    scoring: score.ScoringConfig
     in_context_batch_size: int | None
-    score_batch_size: int
-    memory: memory_lib.MemoryConfig | None
-    fine_tune_fn: Callable[..., Any] | None
+    baselines: Mapping[str, Any]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -104,12 +96,18 @@ class Mode:
         when the mode's requirements are missing (None: nothing to check).
       needs_agent: the mode runs the agent (and so the judge grades it).
       needs_train: the mode learns from the train split (`Context.train`).
+      compared_with: modes this one is compared with, paired by task, when both ran
+        (`metrics.json` `comparisons["<mode> vs <other>"]`).
+      ensembled_with: modes whose per-task best code match with this one is reported
+        when both ran (`max_ensemble["max(<mode>, <other>)"]`).
     """
 
     run: Callable[[Context], ModeRun]
     check: Callable[[tuple[str, ...], Options], None] | None = None
     needs_agent: bool = True
     needs_train: bool = False
+    compared_with: tuple[str, ...] = ()
+    ensembled_with: tuple[str, ...] = ()
 
 
 def episodes_path(context: Context, mode: str) -> pathlib.Path:
@@ -134,14 +132,14 @@ def score_episodes(context: Context, mode: str) -> dict[str, list[dict]]:
 
     Returns:
       Run name -> scored records: `mode` and/or `<mode>+observations`, as
-      `Options.coder_observations` asks; the judge rates each episode once.
+      `ScoringConfig.coder_observations` asks; the judge rates each episode once.
     """
     options = context.options
     path = episodes_path(context, mode)
     records = [r for r in runner.load_records(path) if r["task_id"] in context.ids]
     print(f"[eval] {mode}: {len(records)} episodes in {path.name}", flush=True)
-    runs, judged = {}, None
-    for with_obs in options.coder_observations:
+    runs, judged, scoring = {}, None, options.scoring
+    for with_obs in scoring.coder_observations:
         name = f"{mode}+observations" if with_obs else mode
         scored = score.score_into_file(
             records,
@@ -152,11 +150,11 @@ def score_episodes(context: Context, mode: str) -> dict[str, list[dict]]:
             executor=context.executor,
             with_observations=with_obs,
             judged=judged,
-            attribute=options.attribute_failures,
-            low_code_match=options.low_code_match,
-            low_judge_score=options.low_judge_score,
-            batch_size=options.score_batch_size,
-            timeout_s=options.score_timeout_s,
+            attribute=scoring.attribute_failures,
+            low_code_match=scoring.low_code_match,
+            low_judge_score=scoring.low_judge_score,
+            batch_size=scoring.batch_size,
+            timeout_s=scoring.timeout_s,
         )
         judged = judged or {r["task_id"]: r for r in scored}
         runs[name] = scored

@@ -17,10 +17,10 @@ from pau_jax.policy.backends import LocalBackendConfig, Seat
 def check(modes: tuple[str, ...], options: Options) -> None:
     """Refuses an ft run without a fine-tuning function or without a fresh local agent."""
     del modes
-    if options.fine_tune_fn is None:
+    if not callable(options.baselines.get("ft")):
         raise ValueError(
-            "the ft mode needs fine_tune_fn (gin: eval/ft.gin binds "
-            "@pau_jax.sft.finetune.train_adapter)"
+            "the ft mode needs its adapter trainer: baselines={'ft': train_adapter} (gin: "
+            "eval/ft.gin binds @pau_jax.sft.finetune.train_adapter)"
         )
     if not isinstance(options.policy, LocalBackendConfig) or options.policy.adapter_dir:
         raise ValueError(
@@ -30,11 +30,11 @@ def check(modes: tuple[str, ...], options: Options) -> None:
 
 
 def run(context: Context) -> ModeRun:
-    """Fine-tunes an adapter (`Options.fine_tune_fn`), runs in-context with it and scores it."""
+    """Fine-tunes an adapter (`Options.baselines['ft']`), runs in-context with it and scores it."""
     options, policy = context.options, context.options.policy
     pairs = in_context.training_pairs(*context.train)
     print(f"[eval] ft: fine-tuning on {len(pairs)} train pairs", flush=True)
-    adapter = options.fine_tune_fn(
+    adapter = options.baselines["ft"](
         checkpoint_dir=policy.checkpoint_dir,
         out_dir=str(options.out / "ft"),
         pairs=pairs,
@@ -55,4 +55,4 @@ def run(context: Context) -> ModeRun:
     return ModeRun(runs=score_episodes(context, "ft"), baseline=baseline)
 
 
-MODE = Mode(run=run, check=check, needs_train=True)
+MODE = Mode(run=run, check=check, needs_train=True, compared_with=("in_context",))

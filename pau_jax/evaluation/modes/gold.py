@@ -24,10 +24,10 @@ def run(context: Context) -> ModeRun:
         with_observations=True,
         judged=None,
         attribute=False,
-        low_code_match=options.low_code_match,
-        low_judge_score=options.low_judge_score,
-        batch_size=options.score_batch_size,
-        timeout_s=options.score_timeout_s,
+        low_code_match=options.scoring.low_code_match,
+        low_judge_score=options.scoring.low_judge_score,
+        batch_size=options.scoring.batch_size,
+        timeout_s=options.scoring.timeout_s,
     )
     scored = [r for r in runner.load_records(path) if r["task_id"] in context.ids]
     return ModeRun(runs={"gold": scored})

@@ -19,4 +19,4 @@ def run(context: Context) -> ModeRun:
     return ModeRun(runs=score_episodes(context, "interactive"))
 
 
-MODE = Mode(run=run)
+MODE = Mode(run=run, compared_with=("in_context",), ensembled_with=("in_context",))

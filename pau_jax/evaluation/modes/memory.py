@@ -20,9 +20,10 @@ def check(modes: tuple[str, ...], options: Options) -> None:
             "the memory mode starts from the interactive run: use "
             "modes=('interactive', 'memory') (interactive first)"
         )
-    if options.memory is None or options.memory.embedder is None:
+    config = options.baselines.get("memory")
+    if not isinstance(config, memory.MemoryConfig) or config.embedder is None:
         raise ValueError(
-            "the memory mode needs an embedder: memory=MemoryConfig(embedder="
+            "the memory mode needs an embedder: baselines={'memory': MemoryConfig(embedder="
             "LocalEmbeddingConfig(checkpoint_dir=...) or HTTPEmbeddingConfig(...)) "
             "(gin: eval/memory.gin and --gin.EMBEDDING_CHECKPOINT=...)"
         )
@@ -30,7 +31,7 @@ def check(modes: tuple[str, ...], options: Options) -> None:
 
 def run(context: Context) -> ModeRun:
     """Runs (or resumes) the memory baseline from the interactive episodes and scores it."""
-    options, config = context.options, context.options.memory
+    options, config = context.options, context.options.baselines["memory"]
     train_specs, train_references = context.train
     first = {
         r["task_id"]: r
@@ -60,4 +61,4 @@ def run(context: Context) -> ModeRun:
     return ModeRun(runs=score_episodes(context, "memory"), baseline=baseline)
 
 
-MODE = Mode(run=run, check=check, needs_train=True)
+MODE = Mode(run=run, check=check, needs_train=True, compared_with=("interactive",))
