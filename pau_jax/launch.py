@@ -26,21 +26,18 @@ same line: what is on disk is whole either way (atomic writes, orbax's renames).
 
 import contextlib
 import importlib.util  # noqa: F401  (gin-config 0.5.0 needs it imported before parsing includes)
-import json
 import logging as std_logging
 import os
 import pathlib
-import platform
 import select
 import signal
-import subprocess
 import sys
 import threading
 import time
 
 from absl import app, flags, logging
 
-from pau_jax import experiment, run_claim
+from pau_jax import experiment, run_claim, run_records
 
 GIN_DIR = pathlib.Path(__file__).resolve().parents[1] / "gin"
 
@@ -79,8 +76,6 @@ _COMPILATION_CACHE = flags.DEFINE_string(
     "'' turns it off. Default: $PAU_JAX_COMPILATION_CACHE or ~/.cache/pau_jax/xla.",
 )
 
-_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
-
 # Seconds a run has to stop after the first Ctrl-C before the process exits anyway.
 STOP_GRACE_S = 5.0
 # The exit status of an interrupted run (128 + SIGINT, as a shell reports one).
@@ -107,75 +102,6 @@ def _resolve_gin_file(name: str) -> str:
         f"gin file {name!r} not found in the current directory or in {GIN_DIR}; "
         "pass a path or a name relative to gin/ (e.g. --gin_file=quickstart.gin)"
     )
-
-
-# What `_record_run` writes into the run directory.
-_RECORDS = ("config.gin", "run_info.json")
-
-
-def _make_run_dir(run_dir: pathlib.Path) -> None:
-    """Makes the run directory; a one-line `ConfigError` when it cannot be made."""
-    from pau_jax import config_check
-
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise config_check.ConfigError(
-            f"cannot write the run directory {run_dir}: {e.strerror or e}; "
-            "pass a writable --run_dir"
-        ) from e
-
-
-def _record_run(run_dir: pathlib.Path, gin_text: str) -> dict[str, bytes | None]:
-    """Writes what ran: config, commit, versions, command line, host.
-
-    Returns:
-      The records it replaced (file name -> contents, None where there was none).
-    """
-    from importlib import metadata
-
-    replaced = {name: _read_bytes(run_dir / name) for name in _RECORDS}
-    (run_dir / "config.gin").write_text(gin_text)
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(GIN_DIR.parent), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    if len(commit) != 40:
-        commit = ""  # Not a git checkout, or no commit yet.
-    versions = {}
-    for name in _PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    info = {
-        "argv": sys.argv,
-        "git_commit": commit or None,
-        "python": platform.python_version(),
-        "host": platform.node(),
-        "packages": versions,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    (run_dir / "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    return replaced
-
-
-def _read_bytes(path: pathlib.Path) -> bytes | None:
-    return path.read_bytes() if path.exists() else None
-
-
-def _restore_records(run_dir: pathlib.Path, replaced: dict[str, bytes | None]) -> None:
-    """Puts back the records `_record_run` replaced (a refused run leaves none of its own)."""
-    for name, data in replaced.items():
-        if data is None:
-            (run_dir / name).unlink(missing_ok=True)
-        else:
-            (run_dir / name).write_bytes(data)
 
 
 _SEARCH_PATHS: list[str] = []
@@ -403,18 +329,18 @@ def _main(argv):
     _RUN["dir"] = run_dir
     with contextlib.ExitStack() as stack:
         if primary:
-            _make_run_dir(run_dir)
+            run_records.make_run_dir(run_dir)
             # One process writes a run directory: a second launcher stops here, before its
             # records replace those of the run in progress (the entry claims it again).
             stack.enter_context(run_claim.lock(run_dir))
-            replaced = _record_run(run_dir, gin.config_str())
+            replaced = run_records.record_run(run_dir, gin.config_str())
             print(f"[launch] {mode} run directory: {run_dir}", flush=True)
         entry = gin.get_configurable(entry_name)
         try:
             entry(run_dir=str(run_dir))
         except run_claim.RunDirError:
             if primary:  # The records stay those of the run whose results the folder holds.
-                _restore_records(run_dir, replaced)
+                run_records.restore_records(run_dir, replaced)
             raise
         # The operative config lists only what was actually used; write it after the run.
         if primary:

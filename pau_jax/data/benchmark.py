@@ -8,7 +8,7 @@ import pathlib
 from absl import logging
 
 from pau_jax.data import anonymize as anonymize_lib
-from pau_jax.data import build, instruct_sources, pipeline, sources
+from pau_jax.data import build, instruct_sources, pipeline, sources, verified_descriptions
 from pau_jax.data.annotate import Annotator, AnnotatorConfig, AnnotatorError
 from pau_jax.data.pipeline import Exclusion, PipelineConfig, Record
 
@@ -169,7 +169,8 @@ def build_splits(
     Args:
       paths: source files by key (see sources.locate).
       config: benchmark config.
-      annotator_config: endpoint for missing descriptions (None: leave them empty).
+      annotator_config: endpoint for descriptions still missing after the shipped,
+        verified ones (`verified_descriptions`); None leaves them empty.
       manual_dir: folder with local copies of instruction datasets.
       instruct_from_hub: read instruction datasets without a local copy from the hub.
       progress: show progress bars.
@@ -183,6 +184,7 @@ def build_splits(
         sources.evaluation_tasks(paths),
     )
     annotator = Annotator(annotator_config) if annotator_config else None
+    verified = verified_descriptions.read()
     results = {}
     for name, tasks in (("test", test_tasks), ("train", train_tasks)):
         result = build.build_records(
@@ -193,8 +195,10 @@ def build_splits(
             description=f"pau/{config.name} {name}",
         )
         extra = tuple(duplicates) if name == "train" else ()
+        # Shipped, execution-verified descriptions first; the annotator only for what is left.
+        records = verified_descriptions.fill(result.records, verified)
         results[name] = build.BuildResult(
-            records=add_descriptions(result.records, annotator),
+            records=add_descriptions(records, annotator),
             exclusions=result.exclusions + extra,
         )
     return results

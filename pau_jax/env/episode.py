@@ -21,16 +21,15 @@ The runner drives it:
         else:
             state = on_revise(state, text, config)
 
-No function here performs I/O; states are immutable records.
+No function here performs I/O; states are immutable records. How calls and results
+are shown is in `display`; what each phase's reply must hold, in `answer_shape`.
 """
 
 import dataclasses
 import enum
-from collections.abc import Sequence
 from typing import Any
 
-from pau_jax.env import input_example, parse, prompts
-from pau_jax.sandbox import parse_call_args, values
+from pau_jax.env import display, input_example, parse, prompts
 
 
 class Phase(enum.Enum):
@@ -183,36 +182,6 @@ class EpisodeState:
         return self.hypothesis
 
 
-def display_value(value: Any, mode: str) -> str:
-    return values.display(value) if mode == "repr" else str(value)
-
-
-def display_error(error_type: str, message: str, mode: str) -> str:
-    return f"{error_type}: {message}" if mode == "repr" else message
-
-
-def render_call(args: Sequence[Any], mode: str = "repr") -> str:
-    """`test_func(<arg>, <arg>)`: typed displays in 'repr' mode, Python literals in 'str' mode.
-
-    In 'str' mode a call is shown as literal text, as the released code shows the
-    inputs it was given (`('5', 5)` stays `test_func('5', 5)`, never `test_func(5, 5)`).
-    """
-    shown = (values.display(a) for a in args) if mode == "repr" else (repr(a) for a in args)
-    return "test_func(" + ", ".join(shown) + ")"
-
-
-def literal_call(args_text: str) -> str:
-    """`test_func` applied to the agent's own argument text, as written (the 'str' display).
-
-    A parenthesised tuple keeps its parentheses as the call's (`(1, 'a')` ->
-    `test_func(1, 'a')`); any other text is wrapped (`[1, 2]` -> `test_func([1, 2])`).
-    """
-    text = args_text.strip()
-    if text.startswith("(") and text.endswith(")"):
-        return "test_func" + text
-    return f"test_func({text})"
-
-
 def start(task: Task, config: EpisodeConfig) -> EpisodeState:
     del config  # The initial state does not depend on the protocol constants.
     return EpisodeState(task=task, hypothesis=task.initial_hypothesis)
@@ -294,65 +263,6 @@ _BUILDERS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class AnswerShape:
-    """What the current phase's reply must hold, for a policy's structured decoding.
-
-    kind: 'input' (a fenced literal tuple of `arity` values, as `prompts.generate_messages`
-    asks), 'decision' (a revision: hypothesis, then a `Decision:` label), 'rating' (a
-    grader's reply ending with `Rating: 1..5`, `evaluation.judge`) or 'code' (a coder's
-    reply, one closed ```python block, `evaluation.code_match`). shapes: for an
-    input, each argument's shape over the shown examples (`input_example.argument_shapes`;
-    () when none has the arity).
-    """
-
-    kind: str
-    arity: int = 0
-    shapes: tuple = ()
-    seen: frozenset = frozenset()  # input: repr of each argument tuple already seen
-    input_format: str = "lenient"
-
-    def repeats(self, text: str) -> bool:
-        """Whether an input reply reads as arguments already seen (a shown example or a call)."""
-        if self.kind != "input" or not self.seen:
-            return False
-        _, args, _ = _parse_input(text, self.arity, EpisodeConfig(input_format=self.input_format))
-        return args is not None and repr(tuple(args)) in self.seen
-
-
-def _seen_arguments(state: EpisodeState, n: int) -> frozenset:
-    """repr of the argument tuples of the shown examples and of every input read so far."""
-    seen = {repr(tuple(args)) for args in state.task.shown_args if len(args) == n}
-    for step in state.steps:
-        if step.phase is Phase.GENERATE and step.parse_ok:
-            try:
-                seen.add(repr(tuple(parse_call_args(step.input_text, n))))
-            except ValueError:
-                continue
-    return frozenset(seen)
-
-
-def answer_shape(state: EpisodeState, config: EpisodeConfig | None = None) -> AnswerShape | None:
-    """The shape of the current phase's answer; None where nothing is asked of its form.
-
-    An input phase of a function whose arity is unknown (`n_params` None) has none. An
-    input's shape also holds the arguments already seen, so a policy can tell a repeat
-    (`AnswerShape.repeats`), read as `config.input_format` reads inputs.
-    """
-    if state.phase is Phase.GENERATE and state.task.n_params is not None:
-        n = int(state.task.n_params)
-        return AnswerShape(
-            "input",
-            n,
-            input_example.argument_shapes(n, state.task.shown_args),
-            seen=_seen_arguments(state, n),
-            input_format=(config or EpisodeConfig()).input_format,
-        )
-    if state.phase is Phase.REVISE:
-        return AnswerShape("decision")
-    return None
-
-
 def messages(state: EpisodeState, config: EpisodeConfig) -> list[dict]:
     """Chat messages for the current phase.
 
@@ -416,28 +326,6 @@ def on_conceptualize(state: EpisodeState, text: str, config: EpisodeConfig) -> E
     return _limit_steps(new, config)
 
 
-def _parse_input(text: str, n_params: int, config: EpisodeConfig) -> tuple[str, tuple | None, str]:
-    """(argument text, argument tuple or None, error) of a generation-phase output.
-
-    'strict' reads one argument text (``parse.extract_input``); 'lenient' tries
-    each of ``parse.input_candidates`` in turn and keeps the first that parses as
-    ``n_params`` arguments (the error is then that of the most likely one).
-    """
-    if config.input_format == "strict":
-        extracted = parse.extract_input(text)
-        texts, error = ([extracted.args_text] if extracted.ok else []), extracted.reason
-    else:
-        texts = parse.input_candidates(text)
-        error = parse.no_input_reason(text, n_params)
-    first_error = ""
-    for args_text in texts:
-        try:
-            return args_text, parse_call_args(args_text, n_params), ""
-        except ValueError as e:
-            first_error = first_error or str(e)
-    return (texts[0] if texts else ""), None, first_error or error
-
-
 def on_generate(
     state: EpisodeState, text: str, config: EpisodeConfig
 ) -> tuple[EpisodeState, tuple | None]:
@@ -448,12 +336,12 @@ def on_generate(
     """
     _expect(state, Phase.GENERATE)
     msgs = tuple(messages(state, config))
-    args_text, args, error = _parse_input(text, state.task.n_params, config)
+    args_text, args, error = parse.read_input(text, state.task.n_params, config.input_format)
     if args is None:
-        result = display_error("InputParseError", error, config.display_mode)
+        result = display.display_error("InputParseError", error, config.display_mode)
         call = "test_func(?)"
         if args_text and config.failed_input_display == "literal":
-            call = literal_call(args_text)
+            call = display.literal_call(args_text)
         step = Step(
             phase=Phase.GENERATE,
             messages=msgs,
@@ -474,9 +362,9 @@ def on_generate(
         )
         return _limit_steps(new, config), None
     if config.display_mode == "str":
-        call = literal_call(args_text)
+        call = display.literal_call(args_text)
     else:
-        call = render_call(args, config.display_mode)
+        call = display.render_call(args, config.display_mode)
     step = Step(
         phase=Phase.GENERATE,
         messages=msgs,
@@ -495,9 +383,9 @@ def on_result(state: EpisodeState, result: Any, config: EpisodeConfig) -> Episod
     if not state.pending_call:
         raise ValueError(f"episode {state.task.task_id} has no pending call to record")
     if result.ok:
-        shown = display_value(result.value, config.display_mode)
+        shown = display.display_value(result.value, config.display_mode)
     else:
-        shown = display_error(result.error_type, result.error_message, config.display_mode)
+        shown = display.display_error(result.error_type, result.error_message, config.display_mode)
     last = dataclasses.replace(state.steps[-1], result=shown, call_ok=bool(result.ok))
     new = dataclasses.replace(
         state,

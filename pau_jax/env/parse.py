@@ -14,6 +14,8 @@ import ast
 import dataclasses
 import re
 
+from pau_jax.sandbox import parse_call_args
+
 _THINK_OR_FENCE = re.compile(r"<think>|</think>|```")
 _FENCE_OPEN = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n?")
 _TRIPLE_QUOTES = ("'''", '"""')
@@ -334,6 +336,30 @@ def extract_input(text: str) -> InputParse:
     if "\n" not in single:
         return InputParse(ok=True, args_text=single)
     return InputParse(ok=False, reason="no input found: expected ```(arg0, arg1)``` or 'Input: …'")
+
+
+def read_input(text: str, n_params: int, input_format: str) -> tuple[str, tuple | None, str]:
+    """(argument text, argument tuple or None, error) of a generation-phase output.
+
+    'strict' reads one argument text (``extract_input``); 'lenient' tries
+    each of ``input_candidates`` in turn and keeps the first that parses as
+    ``n_params`` arguments (the error is then that of the most likely one).
+    """
+    if input_format not in INPUT_FORMATS:
+        raise ValueError(f"input_format must be one of {INPUT_FORMATS}, got {input_format!r}")
+    if input_format == "strict":
+        extracted = extract_input(text)
+        texts, error = ([extracted.args_text] if extracted.ok else []), extracted.reason
+    else:
+        texts = input_candidates(text)
+        error = no_input_reason(text, n_params)
+    first_error = ""
+    for args_text in texts:
+        try:
+            return args_text, parse_call_args(args_text, n_params), ""
+        except ValueError as e:
+            first_error = first_error or str(e)
+    return (texts[0] if texts else ""), None, first_error or error
 
 
 def parse_revision(text: str) -> RevisionParse:

@@ -12,7 +12,7 @@ before the run resumes; both episodes are run again. A policy that raises (e.g.
 and run again on the next run.
 
 The runner calls the policy's `complete` (`pau_jax.policy.Policy`) with each
-episode's `episode.answer_shape`, what its reply must hold (a policy that masks
+episode's `answer_shape.answer_shape`, what its reply must hold (a policy that masks
 its tokens, structured decoding, reads it; others ignore it). It returns plain
 texts or reply objects with a `.text` (e.g. `LocalPolicy.complete`'s `Completion`,
 with token ids and log-probs); `run_episode_states` keeps those replies per step
@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pau_jax.env import episode, jsonl, turns
+from pau_jax.env import answer_shape, episode, jsonl, turns
 from pau_jax.env.episode import EpisodeConfig, EpisodeState, Phase
 
 
@@ -206,7 +206,7 @@ def run_episode_states(
     Args:
       specs: the episodes to run (episode ids must be unique).
       policy: a `pau_jax.policy.Policy`, called `policy.complete(conversations,
-        answers=...)` with each episode's `episode.answer_shape`; each reply a text or
+        answers=...)` with each episode's `answer_shape.answer_shape`; each reply a text or
         an object with a `.text`.
       executor: a `pau_jax.sandbox.Executor` (thread-safe `call`).
       config: the protocol constants.
@@ -240,7 +240,7 @@ def run_episode_states(
         while active:
             order = list(active)
             conversations = [_conversation(active[e], replies[e], config) for e in order]
-            answers = [episode.answer_shape(active[e], config) for e in order]
+            answers = [answer_shape.answer_shape(active[e], config) for e in order]
             outputs = policy.complete(conversations, answers=answers)
             calls = {}
             for eid, reply in zip(order, outputs, strict=True):

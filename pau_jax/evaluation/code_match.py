@@ -21,7 +21,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from pau_jax.env.episode import AnswerShape
+from pau_jax.env.answer_shape import AnswerShape
 from pau_jax.env.parse import strip_think
 from pau_jax.sandbox import equality
 

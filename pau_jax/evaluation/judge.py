@@ -3,7 +3,7 @@
 The judge is any policy (`policy.complete`): a local model, or an OpenAI-compatible
 endpoint. Ratings are parsed from `Rating: X`; an answer without a parseable rating
 gives `score=None`, which is counted and reported by the metrics, never replaced by a
-default. Each request carries the answer shape `RATING` (`env.episode.AnswerShape`): a
+default. Each request carries the answer shape `RATING` (`env.answer_shape.AnswerShape`): a
 local judge whose sampling has `structured` other than 'off' writes its reasoning and
 then always ends with a `Rating: 1..5` line within its token budget (the mask of
 `sampling.input_grammar.rating_grammar`), so every rating parses; with 'off' (the
@@ -14,7 +14,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from pau_jax.env.episode import AnswerShape
+from pau_jax.env.answer_shape import AnswerShape
 from pau_jax.env.parse import strip_think
 
 JUDGE_PROMPT_VERSION = "judge-v1"

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from pau_jax.env import episode, jsonl, runner
+from pau_jax.env import display, episode, jsonl, runner
 from pau_jax.env.parse import strip_think
 from pau_jax.env.prompts import Observation
 
@@ -150,8 +150,8 @@ def held_out_observations(reference, display_mode: str, limit: int | None = None
     outputs = reference.held_out_outputs
     shown = []
     for i, args in enumerate(reference.held_out[:limit]):
-        result = "?" if outputs is None else episode.display_value(outputs[i], display_mode)
-        shown.append(Observation(call=episode.render_call(args, display_mode), result=result))
+        result = "?" if outputs is None else display.display_value(outputs[i], display_mode)
+        shown.append(Observation(call=display.render_call(args, display_mode), result=result))
     return tuple(shown)
 
 

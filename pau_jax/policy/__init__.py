@@ -29,7 +29,7 @@ class Policy(Protocol):
 
         Args:
           conversations: the chat conversations.
-          answers: one `env.episode.AnswerShape` (or None) per conversation: what its
+          answers: one `env.answer_shape.AnswerShape` (or None) per conversation: what its
             reply must hold (structured decoding). A policy that cannot constrain its
             replies (an endpoint, a scripted policy) ignores them.
           stop: per conversation, strings that end its reply: the reply is cut before

@@ -55,7 +55,7 @@ class SamplingConfig:
       seed: base seed; call n of a policy uses seed + n, so a run is reproducible.
       enable_thinking: passed to the chat template (Qwen3's thinking switch).
       structured: structured decoding, for the phases the episode runner names
-        (`env.episode.answer_shape`); a local policy only. 'off' (default, the paper:
+        (`env.answer_shape.answer_shape`); a local policy only. 'off' (default, the paper:
         format errors are counted); 'end_at_answer': a revision reply ends with the
         token that completes its first `Decision: CONTINUE|STOP` label (the parser reads
         the same decision unless a reply holds several); 'constrain_inputs': that, and
@@ -65,7 +65,7 @@ class SamplingConfig:
         at its position in the shown examples (`env.input_example.argument_shapes`: an
         int stays an int, a list of str a list of str). Not with `enable_thinking`.
       resample_repeats: up to this many more draws for an input reply whose arguments
-        repeat a shown example or an earlier call (`env.episode.AnswerShape.repeats`), each
+        repeat a shown example or an earlier call (`env.answer_shape.AnswerShape.repeats`), each
         at `resample_temperature` (a greedy policy would repeat itself); the last draw is
         kept. 0 (default, the paper): none. A local policy only; evaluation only.
       resample_temperature: the temperature of those draws (> 0).

@@ -228,7 +228,7 @@ class LocalPolicy:
           sampling: settings of this call.
           repetition_penalties: one penalty per conversation, replacing
             `sampling.repetition_penalty` (rows of one batch may differ).
-          answers: one `env.episode.AnswerShape` (or None) per conversation: what its
+          answers: one `env.answer_shape.AnswerShape` (or None) per conversation: what its
             reply must hold, used when `sampling.structured` is not 'off', and which
             arguments it must not repeat (`sampling.resample_repeats`).
           stop: per conversation, strings that end its reply (OpenAI/vLLM `stop`): the

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from pau_jax.env import episode, prompts
+from pau_jax.env import display, episode, prompts
 from pau_jax.env.runner import EpisodeSpec
 from pau_jax.tasks.reference import TaskReference
 
@@ -75,8 +75,8 @@ def demo_specs(executor, config: episode.EpisodeConfig) -> list[EpisodeSpec]:
                 )
             shown.append(
                 prompts.Observation(
-                    call=episode.render_call(args, config.display_mode),
-                    result=episode.display_value(result.value, config.display_mode),
+                    call=display.render_call(args, config.display_mode),
+                    result=display.display_value(result.value, config.display_mode),
                 )
             )
         task = episode.Task(

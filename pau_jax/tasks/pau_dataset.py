@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from pau_jax.data.pipeline import Record
-from pau_jax.env import episode, prompts
+from pau_jax.env import display, episode, prompts
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.env.runner import EpisodeSpec
 from pau_jax.sandbox import values
@@ -40,8 +40,8 @@ def example_observations(
     """The shown examples of a record as the agent sees them (`test_func(2, 3) -> 7`)."""
     return tuple(
         prompts.Observation(
-            call=episode.render_call(_args(e.args), display_mode),
-            result=episode.display_value(values.decode(e.output), display_mode),
+            call=display.render_call(_args(e.args), display_mode),
+            result=display.display_value(values.decode(e.output), display_mode),
         )
         for e in record.shown
     )

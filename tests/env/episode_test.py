@@ -5,8 +5,10 @@ import dataclasses
 import pytest
 
 from pau_jax.env import episode
+from pau_jax.env.display import literal_call, render_call
 from pau_jax.env.episode import EpisodeConfig, Phase
 from pau_jax.env.prompts import Observation
+from pau_jax.sandbox import parse_call_args
 
 
 @dataclasses.dataclass
@@ -271,9 +273,9 @@ def test_str_mode_shows_the_agents_literal_argument_text():
     state = episode.on_result(state, FakeResult(ok=True, value="5 5 a b"), config)
     assert state.observations[-1] == Observation(call="test_func('5', 5, 'a b')", result="5 5 a b")
     # As written, spacing included; a bare value is wrapped.
-    assert episode.literal_call("(1,'x')") == "test_func(1,'x')"
-    assert episode.literal_call(" [1, 2] ") == "test_func([1, 2])"
-    assert episode.render_call(("5", 5, "a b"), "str") == "test_func('5', 5, 'a b')"
+    assert literal_call("(1,'x')") == "test_func(1,'x')"
+    assert literal_call(" [1, 2] ") == "test_func([1, 2])"
+    assert render_call(("5", 5, "a b"), "str") == "test_func('5', 5, 'a b')"
     # repr mode renders from the parsed values.
     config = EpisodeConfig()
     state = episode.on_conceptualize(episode.start(task, config), "p", config)
@@ -328,7 +330,7 @@ def test_the_generation_prompt_example_has_the_function_arity():
         state = episode.on_conceptualize(episode.start(task, config), "p", config)
         prompt = episode.messages(state, config)[-1]["content"]
         example = prompt.split("For example:\n```\n")[1].split("\n```")[0]
-        assert len(episode.parse_call_args(example, n_params)) == n_params
+        assert len(parse_call_args(example, n_params)) == n_params
         assert f"exactly {n_params} literal" in prompt
         assert "(3, 'abc', [1, 2])" not in prompt
 

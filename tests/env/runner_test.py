@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from pau_jax.env import episode, jsonl, runner
+from pau_jax.env import answer_shape, display, episode, jsonl, runner
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy.http import EndpointError, HTTPConfig, HTTPPolicy
 from pau_jax.policy.local import Completion
@@ -170,12 +170,14 @@ def test_every_policy_is_given_each_episodes_answer_shape(specs, executor):
         assert shape.kind == "input" and shape.arity == spec.task.n_params
         state = episode.start(spec.task, config)
         plan = by_id[spec.episode_id].state.steps[0].output
-        assert shape == episode.answer_shape(episode.on_conceptualize(state, plan, config), config)
+        assert shape == answer_shape.answer_shape(
+            episode.on_conceptualize(state, plan, config), config
+        )
     assert [a.kind for a in policy.answers[2]] == ["decision"] * len(specs)
 
 
 def test_render_call_single_tuple_argument():
-    assert episode.render_call(((1, 2),)) == "test_func((1, 2))"
+    assert display.render_call(((1, 2),)) == "test_func((1, 2))"
 
 
 class CompletionPolicy:

@@ -7,8 +7,9 @@ import checkpoints
 import pytest
 from flax import nnx
 
-from pau_jax.env import episode, runner
-from pau_jax.env.episode import AnswerShape, EpisodeConfig, Phase
+from pau_jax.env import episode, parse, runner
+from pau_jax.env.answer_shape import AnswerShape, answer_shape
+from pau_jax.env.episode import EpisodeConfig, Phase
 from pau_jax.models import qwen3
 from pau_jax.policy.backends import Seat
 from pau_jax.policy.config import SamplingConfig
@@ -68,7 +69,7 @@ def test_an_input_that_repeats_a_seen_call_is_redrawn(setup):
     first = LocalPolicy(model, tokenizer, greedy).complete(
         conversation, answers=[AnswerShape("input", 1)]
     )[0]
-    _, args, _ = episode._parse_input(first.text, 1, EpisodeConfig())
+    _, args, _ = parse.read_input(first.text, 1, "lenient")
     assert args is not None
     seen = AnswerShape("input", 1, seen=frozenset({repr(tuple(args))}))
     assert seen.repeats(first.text) and not AnswerShape("input", 1).repeats(first.text)
@@ -79,7 +80,7 @@ def test_an_input_that_repeats_a_seen_call_is_redrawn(setup):
     redrawn = policy.complete(conversation, answers=[seen])[0]
     assert policy.last_stats["redrawn"] >= 1
     assert not seen.repeats(redrawn.text), redrawn.text
-    _, new_args, _ = episode._parse_input(redrawn.text, 1, EpisodeConfig())
+    _, new_args, _ = parse.read_input(redrawn.text, 1, "lenient")
     assert new_args is not None  # still a parsed input: the redraw keeps the mask
 
 
@@ -88,13 +89,13 @@ def test_the_seen_arguments_are_the_shown_examples_and_the_inputs_read(setup):
     spec = demo_tasks.demo_specs(executor, CONFIG)[0]  # affine: shown (2, 3), (0, 5)
     state = episode.start(spec.task, CONFIG)
     state = episode.on_conceptualize(state, "try (7, 8)", CONFIG)
-    shape = episode.answer_shape(state, CONFIG)
+    shape = answer_shape(state, CONFIG)
     assert shape.seen == {"(2, 3)", "(0, 5)"} and shape.repeats("```\n(0, 5)\n```")
     state, _ = episode.on_generate(state, "```\n(7, 8)\n```", CONFIG)
     state = episode.on_result(state, executor.call(spec.code, (7, 8), timeout_s=2.0), CONFIG)
     state = episode.on_revise(state, "Hypothesis: x\nDecision: CONTINUE", CONFIG)
     state = episode.on_conceptualize(state, "again", CONFIG)
-    assert episode.answer_shape(state, CONFIG).repeats("Input: (7, 8)")
+    assert answer_shape(state, CONFIG).repeats("Input: (7, 8)")
 
 
 def test_the_switch_is_checked_and_redraws_stay_out_of_rollouts():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from pau_jax.env import episode
+from pau_jax.env import parse
 from pau_jax.kernels import q8
 from pau_jax.models import kv_cache, lora, quantization, qwen3
 from pau_jax.policy import backends
@@ -153,7 +153,7 @@ def test_generate_with_a_prefix_cache_and_an_automaton(ckpt):
     )  # fmt: skip
     for ids, reason in zip(out.tokens, out.finish_reasons):
         text = b"".join(vocab[i] or b"" for i in ids).decode()
-        _, args, _ = episode._parse_input(text, 2, episode.EpisodeConfig())
+        _, args, _ = parse.read_input(text, 2, "lenient")
         assert reason == "stop" and args is not None and len(args) == 2, text
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from pau_jax.env import episode, runner
+from pau_jax.env.answer_shape import AnswerShape
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.evaluation import code_match, in_context, score
 from pau_jax.policy import scripted
@@ -136,6 +137,6 @@ def test_complete_cuts_at_stop_strings_and_ignores_answer_shapes():
     coder = scripted.ScriptedCoder()
     messages = code_match.coder_messages("def test_func(arg0):", "```python\nreturn 1\n```")
     (full,) = coder([messages])
-    assert coder.complete([messages], answers=[episode.AnswerShape("decision")]) == [full]
+    assert coder.complete([messages], answers=[AnswerShape("decision")]) == [full]
     cut = coder.complete([messages, messages], stop=[["return", "\n"], []])
     assert cut == ["```python", full]  # before the first of the strings

@@ -197,7 +197,7 @@ def test_a_local_policy_records_masks_only_when_asked():
     import checkpoints
     from flax import nnx
 
-    from pau_jax.env.episode import AnswerShape
+    from pau_jax.env.answer_shape import AnswerShape
     from pau_jax.models import lora, qwen3
     from pau_jax.policy.config import SamplingConfig
     from pau_jax.policy.local import LocalPolicy

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pau_jax.env import episode, parse
-from pau_jax.env.episode import EpisodeConfig
+from pau_jax.env import parse
 from pau_jax.sampling import constraint, generate, logits, token_mask
 
 # A 128-token byte vocabulary for the tiny model: printable ASCII, newline, wrapper and
@@ -65,7 +64,7 @@ def _text(ids) -> str:
 def _parses(text: str, arity: int) -> bool:
     """Whether the episode reads `text` as a call of `arity` arguments, leniently and strictly."""
     for fmt in ("lenient", "strict"):
-        _, args, _ = episode._parse_input(text, arity, EpisodeConfig(input_format=fmt))
+        _, args, _ = parse.read_input(text, arity, fmt)
         if args is None or len(args) != arity:
             return False
     return True
@@ -151,7 +150,7 @@ def test_typed_replies_parse_with_each_argument_of_its_shape(tiny_model):
     bad = []
     for row, ids in enumerate(out.tokens):
         arity, text = arities[row // 64], _text(ids)
-        _, args, _ = episode._parse_input(text, arity, EpisodeConfig())
+        _, args, _ = parse.read_input(text, arity, "lenient")
         if args is None or not all(map(_fits, args, SHAPED[arity])):
             bad.append((arity, text, out.finish_reasons[row]))
     assert len(out.tokens) == 256 and not bad, bad[:5]

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from pau_jax.env import episode, runner
+from pau_jax.env.answer_shape import AnswerShape
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy.scripted import RandomProber
 from pau_jax.sandbox import Executor
@@ -131,7 +132,7 @@ def test_the_teacher_passes_answer_shapes_and_stop_strings_to_the_wrapped_policy
 
     policy = PrivilegedTeacher(Shapes(), specs, _references(specs))
     conversation = episode.messages(episode.start(specs[0].task, EpisodeConfig()), EpisodeConfig())
-    shape = episode.AnswerShape("decision")
+    shape = AnswerShape("decision")
     assert policy.complete([conversation], answers=[shape], stop=[["END"]]) == ["reply"]
     ((sent,), answers, stop) = seen[0]
     assert answers == [shape] and stop == [["END"]]
