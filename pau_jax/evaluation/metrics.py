@@ -71,7 +71,12 @@ def parse_failure_rates(records: Sequence[dict]) -> dict[str, float]:
 
 
 def summarize(records: Sequence[dict]) -> dict:
-    """All metrics over the records, overall and per `source`."""
+    """All metrics over the records, overall, per `source` and per description origin.
+
+    The judge compares with the gold description, so its scores mean what that description
+    is worth: `per_description_origin` reads them by where it came from (the benchmark's own
+    text, a model's verified by execution, a model's unverified).
+    """
 
     def block(rs):
         calls = np.array([r["n_calls"] for r in rs], dtype=np.float64)
@@ -108,7 +113,19 @@ def summarize(records: Sequence[dict]) -> dict:
     out = block(list(records))
     sources = sorted({r["source"] for r in records if r.get("source")})
     out["per_source"] = {s: block([r for r in records if r.get("source") == s]) for s in sources}
+    origins = collections.defaultdict(list)
+    for r in records:
+        if r.get("description_origin"):
+            origins[origin_group(r["description_origin"])].append(r)
+    out["per_description_origin"] = {k: block(v) for k, v in sorted(origins.items())}
     return out
+
+
+def origin_group(origin: str) -> str:
+    """A description origin without its per-item count: ``annotator:m verified 3/4`` ->
+    ``annotator:m verified``; others as they are."""
+    head, sep, _ = origin.partition(" verified ")
+    return f"{head} verified" if sep else origin
 
 
 def gold_shares(summaries: dict) -> dict:

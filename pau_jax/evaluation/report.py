@@ -233,6 +233,12 @@ def write_report(
     for name, s in summaries.items():
         if s["per_source"]:
             lines += [f"## {name}: per source", "", metrics_table(s["per_source"])]
+        if len(s.get("per_description_origin", {})) > 1:
+            lines += [
+                f"## {name}: per gold-description origin (what the judge compared with)",
+                "",
+                metrics_table(s["per_description_origin"]),
+            ]
     lines += [f"![{img[:-4]}]({img})" for img in images]
     lines += [""] + [f"- {n}" for n in notes]
     path = out / "report.md"

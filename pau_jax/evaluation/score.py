@@ -76,7 +76,7 @@ def score_episodes(
     The judge and the coder are each called once for all records (batched).
     Tasks with an empty gold description get `judge_score = None` and
     `judge_skipped = True` (nothing to compare with); the code match still runs.
-    A reference's non-empty `source` is copied into the record as `source`.
+    A reference's non-empty `source` and `description_origin` are copied into the record.
 
     Args:
       judge_policy: the judge; None skips judging (every record `judge_skipped`).
@@ -123,6 +123,8 @@ def score_episodes(
         )
         verdict = by_id.get(r["task_id"])
         extra = {"source": ref.source} if ref.source else {}
+        if ref.description_origin:
+            extra["description_origin"] = ref.description_origin
         out.append(
             dict(
                 r,

@@ -73,6 +73,7 @@ def to_reference(record: Record, display_mode: str = "repr") -> TaskReference:
         held_out_outputs=tuple(values.decode(e.output) for e in record.heldout),
         examples=_lines(example_observations(record, display_mode)),
         source=record.source,
+        description_origin=record.description_origin,
     )
 
 

@@ -21,6 +21,9 @@ class TaskReference:
       examples: the shown examples as `call -> result` lines (given to the coder in the
         with-observations variant, before the episode's own calls).
       source: the benchmark the task comes from (copied into scored records).
+      description_origin: where ``description`` comes from (the dataset's field: the
+        benchmark's own text, or a model's, verified or not; copied into scored records so
+        judge scores can be read by origin).
     """
 
     description: str
@@ -30,3 +33,4 @@ class TaskReference:
     held_out_outputs: tuple | None = None
     examples: tuple[str, ...] = ()
     source: str = ""
+    description_origin: str = ""

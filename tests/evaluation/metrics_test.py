@@ -86,3 +86,27 @@ def test_parse_failure_rates_per_phase_and_finish_reasons():
     assert out["parse_failure_rate"] == {"conceptualize": 0.0, "generate": 0.5, "revise": 0.5}
     assert out["finish_reasons"] == {"budget": 1, "stop": 1}
     assert metrics.parse_failure_rates([{"n_calls": 0}]) == {}
+
+
+def test_judge_scores_are_read_by_gold_description_origin():
+    def rec(score, origin):
+        return {
+            "n_calls": 1,
+            "stopped_by_agent": True,
+            "judge_score": score,
+            "code_match": 0.5,
+            "description_origin": origin,
+        }
+
+    records = [
+        rec(5, "humaneval_docstring"),
+        rec(4, "annotator:m verified 3/4"),
+        rec(2, "annotator:m verified 5/5"),
+        rec(1, "annotator:m"),
+        {"n_calls": 0, "stopped_by_agent": None, "judge_score": None, "judge_skipped": True},
+    ]
+    by_origin = metrics.summarize(records)["per_description_origin"]
+    assert list(by_origin) == ["annotator:m", "annotator:m verified", "humaneval_docstring"]
+    assert by_origin["annotator:m verified"]["judge"]["mean"] == pytest.approx(3.0)
+    assert by_origin["annotator:m verified"]["episodes"] == 2
+    assert by_origin["annotator:m"]["judge"]["mean"] == pytest.approx(1.0)

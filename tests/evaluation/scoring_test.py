@@ -116,7 +116,11 @@ def test_score_episodes_batches_judge_and_coder(executor):
     tasks = {t.task_id: t for t in demo_tasks.DEMO_TASKS}
     references = {
         tid: TaskReference(
-            code=t.code, header=t.header, description=t.description, held_out=t.held_out
+            code=t.code,
+            header=t.header,
+            description=t.description,
+            held_out=t.held_out,
+            description_origin="annotator:m verified 4/4",
         )
         for tid, t in tasks.items()
     }
@@ -168,6 +172,8 @@ def test_score_episodes_batches_judge_and_coder(executor):
     assert by_id["demo/affine"]["code_match"] == 1.0 and by_id["demo/affine"]["judge_score"] == 4
     assert by_id["demo/runs"]["judge_skipped"] and by_id["demo/runs"]["judge_score"] is None
     assert by_id["demo/sorted"]["code_match"] == 0.0 and not by_id["demo/sorted"]["code_runnable"]
+    assert by_id["demo/affine"]["description_origin"] == "annotator:m verified 4/4"
+    assert "description_origin" not in by_id["demo/runs"]  # None recorded: none copied.
     with pytest.raises(ValueError, match="no reference"):
         score.score_episodes(
             [{"task_id": "x", "prediction": "", "observations": []}], references,
