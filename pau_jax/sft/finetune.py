@@ -1,17 +1,19 @@
 """The ft baseline's trainer: LoRA fine-tuning on (prompt -> answer) pairs, early-stopped on a held-out slice.
 
 `train_adapter` is what `evaluation.pipeline.evaluate` calls for the 'ft' mode
-(gin: `pau_jax.experiment.evaluate.fine_tune_fn = @pau_jax.sft.finetune.train_adapter`):
+(gin: `pau_jax.experiment.evaluate.baselines = {'ft': @pau_jax.sft.finetune.train_adapter}`):
 the pairs are the train split's in-context prompts with their gold descriptions.
 A small deterministic slice of the pairs (chosen by a hash of each pair's id, so
 it does not depend on their order) is held out; after every epoch the token-mean
 NLL on it is measured, the adapter with the lowest one is kept (exported as a PEFT
 adapter), and training stops once it has not improved for `patience` epochs.
 
-Files in `out_dir`: `adapter/` (the best adapter so far), `checkpoints/` (the
-train state after the latest epoch, orbax), `history.json` (per epoch: train loss,
-held-out NLL) and `summary.json` once finished. A rerun continues after the last
-finished epoch, or returns the adapter at once when training had finished.
+The run is a `training.run.Run` (base model, tokenizer, LoRA, checkpointer, metrics
+writer) and its epochs are `sft.trainer.run_epochs`. Files in `out_dir`: `adapter/`
+(the best adapter so far), `checkpoints/` (the train state after the latest epoch,
+orbax), `history.json` (per epoch: train loss, held-out NLL; also `metrics.jsonl` as
+`ft/train_loss`, `ft/held_out_nll`) and `summary.json` once finished. A rerun continues
+after the last finished epoch, or returns the adapter at once when training had finished.
 """
 
 import dataclasses
@@ -19,16 +21,15 @@ import functools
 import hashlib
 import json
 import pathlib
-import shutil
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 
 from pau_jax.sft import trainer
 from pau_jax.sft.trainer import SFTConfig, SFTExample
+from pau_jax.training import artefacts
+from pau_jax.training import run as run_lib
 from pau_jax.training import step as step_lib
 
 
@@ -88,21 +89,6 @@ def split_pairs(pairs: Sequence[dict], fraction: float) -> tuple[list[dict], lis
     return [p for p in pairs if p["id"] not in held], [p for p in pairs if p["id"] in held]
 
 
-def best_epoch(losses: Sequence[float | None], patience: int) -> tuple[int, bool]:
-    """(index of the best epoch so far, whether to stop) from per-epoch held-out losses.
-
-    The best epoch has the lowest loss (the earliest on ties); training stops when
-    the last `patience` epochs all came after it. Without held-out losses (None)
-    the last epoch is the best and training never stops early.
-    """
-    if not losses:
-        raise ValueError("best_epoch needs at least one epoch")
-    if any(x is None for x in losses):
-        return len(losses) - 1, False
-    best = int(np.argmin(losses))
-    return best, len(losses) - 1 - best >= patience
-
-
 def examples(
     pairs: Sequence[dict], tokenizer, *, enable_thinking: bool = False
 ) -> list[SFTExample]:
@@ -118,25 +104,6 @@ def examples(
         )
         for pair in pairs
     ]
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _nll_sums(graphdef, loss: trainer.NLLLoss, base, lora, batch):
-    """(sum of token NLL, number of tokens) of a batch under the base plus `lora`."""
-    loss_sum, denominator, _ = loss(nnx.merge(graphdef, lora, base), batch)
-    return loss_sum, denominator
-
-
-def _export(model, state, path: pathlib.Path, base_name: str) -> None:
-    """Writes the state's adapters as a PEFT folder, replacing `path` atomically."""
-    from pau_jax.models import lora
-
-    step_lib.sync_model(model, dataclasses.replace(state, lora=jax.tree.map(jnp.copy, state.lora)))
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    lora.export_peft(model, tmp, base_model_name_or_path=base_name)
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
 
 
 def _fingerprint(checkpoint_dir: str, pairs: Sequence[dict], config: FineTuneConfig) -> str:
@@ -169,108 +136,139 @@ def train_adapter(
       ValueError: `out_dir` holds a fine-tuning of other pairs or settings, or no
         pair fits `config.sft.max_length`.
     """
-    from pau_jax import models
-    from pau_jax.models import lora
-    from pau_jax.tokenizer import load_tokenizer
-    from pau_jax.training import checkpoint
-
     out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    adapter_dir = out / "adapter"
     fingerprint = _fingerprint(checkpoint_dir, pairs, config)
-    summary_path = out / "summary.json"
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        if summary.get("fingerprint") != fingerprint:
-            raise ValueError(
-                f"{out} holds a fine-tuning of other pairs or settings; use a new run_dir"
-            )
-        print(f"[ft] already trained; adapter {adapter_dir}", flush=True)
-        return str(adapter_dir)
-
-    sft = config.sft
-    tok = load_tokenizer(tokenizer or pathlib.Path(checkpoint_dir).expanduser())
-    train_pairs, held_pairs = split_pairs(pairs, config.validation_fraction)
-
-    def fitting(items):
-        made = examples(items, tok, enable_thinking=config.enable_thinking)
-        return [e for e in made if len(e.prompt_ids) + len(e.completion_ids) <= sft.max_length]
-
-    train_ex, held_ex = fitting(train_pairs), fitting(held_pairs)
-    dropped = len(train_pairs) + len(held_pairs) - len(train_ex) - len(held_ex)
-    if not train_ex or (held_pairs and not held_ex):
-        raise ValueError(
-            f"no fine-tuning pair fits SFTConfig.max_length={sft.max_length} in the train or "
-            "held-out slice; raise max_length"
-        )
-    print(
-        f"[ft] {len(train_ex)} train pairs, {len(held_ex)} held out, {dropped} longer than "
-        f"{sft.max_length} tokens dropped",
-        flush=True,
+    if _finished(out, fingerprint):
+        print(f"[ft] already trained; adapter {out / 'adapter'}", flush=True)
+        return str(out / "adapter")
+    actor = run_lib.ActorConfig(
+        checkpoint=checkpoint_dir,
+        tokenizer=tokenizer,
+        dtype=dtype,
+        lora_rank=config.lora_rank,
+        lora_alpha=config.lora_alpha,
     )
-    model, _ = models.load_hf(pathlib.Path(checkpoint_dir).expanduser(), dtype=dtype)
-    lora.apply_lora(model, rank=config.lora_rank, alpha=config.lora_alpha, seed=sft.seed)
-    pad = trainer.pad_id(tok)
-    step_fn = trainer.make_sft_step(model, sft)
-    graphdef, _, _ = step_lib.split_model(model)
-    nll = functools.partial(
-        _nll_sums, graphdef, trainer.NLLLoss(chunk_tokens=sft.logits_chunk_tokens)
-    )
-    state = step_lib.init_state(model, sft.optimizer())
-    history: list[dict] = []
-    with checkpoint.Checkpointer(out / "checkpoints", max_to_keep=1) as ckpt:
-        latest = ckpt.latest_step()
-        if latest is not None:
-            state, extra = ckpt.restore(latest, state)
-            if extra.get("fingerprint") != fingerprint:
-                raise ValueError(
-                    f"{out} holds a fine-tuning of other pairs or settings; use a new run_dir"
-                )
-            history = list(extra["history"])
-            print(f"[ft] resuming after epoch {latest}", flush=True)
-        stop = (
-            bool(history) and best_epoch([h["held_out_nll"] for h in history], config.patience)[1]
-        )
-        while len(history) < sft.epochs and not stop:
-            epoch = len(history)
-            order = np.random.default_rng([sft.seed, epoch]).permutation(len(train_ex))
-            losses = []
-            for batch in trainer.batches([train_ex[i] for i in order], sft, pad):
-                state, metrics = step_fn(state, batch)
-                losses.append(float(metrics["sft/loss"]))
-            held = None
-            if held_ex:
-                total, count = 0.0, 0.0
-                for batch in trainer.batches(held_ex, sft, pad):
-                    s, n = nll(step_fn.base, state.lora, batch)
-                    total, count = total + float(s), count + float(n)
-                held = total / max(count, 1.0)
-            history.append(
-                {"epoch": epoch, "train_loss": float(np.mean(losses)), "held_out_nll": held}
-            )
-            best, stop = best_epoch([h["held_out_nll"] for h in history], config.patience)
-            if best == epoch:
-                _export(model, state, adapter_dir, str(checkpoint_dir))
-            held_text = "n/a" if held is None else f"{held:.4f}"
-            print(
-                f"[ft] epoch {epoch + 1}/{sft.epochs}: train loss {history[-1]['train_loss']:.4f}, "
-                f"held-out NLL {held_text}, best epoch {best + 1}",
-                flush=True,
-            )
-            ckpt.save(epoch + 1, state, extra={"fingerprint": fingerprint, "history": history})
-            (out / "history.json").write_text(json.dumps(history, indent=2) + "\n")
-            if stop:
-                print(f"[ft] early stop: no improvement for {config.patience} epochs", flush=True)
-    best, _ = best_epoch([h["held_out_nll"] for h in history], config.patience)
+    with run_lib.open_run(out_dir, actor, seed=config.sft.seed, max_checkpoints=1, tag="ft") as run:
+        data = _Data.build(pairs, run.tokenizer, config)
+        history = _train(run, data, config, fingerprint)
+        run.close()
+    best, _ = trainer.best_epoch(trainer.held_out_losses(history), config.patience)
     summary = {
         "fingerprint": fingerprint,
         "best_epoch": best + 1,
         "epochs_run": len(history),
         "history": history,
-        "train_pairs": len(train_ex),
-        "held_out_pairs": len(held_ex),
-        "dropped_pairs": dropped,
-        "adapter": str(adapter_dir),
+        "train_pairs": len(data.train),
+        "held_out_pairs": len(data.held_out),
+        "dropped_pairs": data.dropped,
+        "adapter": str(out / "adapter"),
     }
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
-    return str(adapter_dir)
+    artefacts.replace_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return str(out / "adapter")
+
+
+def _mismatch(out: pathlib.Path) -> ValueError:
+    return ValueError(f"{out} holds a fine-tuning of other pairs or settings; use a new run_dir")
+
+
+def _finished(out: pathlib.Path, fingerprint: str) -> bool:
+    """Whether `out` holds a finished fine-tuning (of these pairs and settings; else raises)."""
+    path = out / "summary.json"
+    if not path.exists():
+        return False
+    if json.loads(path.read_text()).get("fingerprint") != fingerprint:
+        raise _mismatch(out)
+    return True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Data:
+    """The token pairs that fit `max_length`: train, held out, and how many were dropped."""
+
+    train: list[SFTExample]
+    held_out: list[SFTExample]
+    dropped: int
+
+    @classmethod
+    def build(cls, pairs: Sequence[dict], tok, config: FineTuneConfig) -> "_Data":
+        """Splits, tokenises and length-filters the pairs; raises when a slice ends up empty."""
+        max_length = config.sft.max_length
+        train_pairs, held_pairs = split_pairs(pairs, config.validation_fraction)
+
+        def fitting(items):
+            made = examples(items, tok, enable_thinking=config.enable_thinking)
+            return [e for e in made if len(e.prompt_ids) + len(e.completion_ids) <= max_length]
+
+        train, held_out = fitting(train_pairs), fitting(held_pairs)
+        dropped = len(pairs) - len(train) - len(held_out)
+        if not train or (held_pairs and not held_out):
+            raise ValueError(
+                f"no fine-tuning pair fits SFTConfig.max_length={max_length} in the train or "
+                "held-out slice; raise max_length"
+            )
+        print(
+            f"[ft] {len(train)} train pairs, {len(held_out)} held out, {dropped} longer than "
+            f"{max_length} tokens dropped",
+            flush=True,
+        )
+        return cls(train=train, held_out=held_out, dropped=dropped)
+
+
+def _train(run: run_lib.Run, data: _Data, config: FineTuneConfig, fingerprint: str) -> list[dict]:
+    """Resumes the run's latest epoch and trains the rest (`trainer.run_epochs`); the history."""
+    sft, model = config.sft, run.model
+    pad = trainer.pad_id(run.tokenizer)
+    step_fn = trainer.make_sft_step(model, sft)
+    start, done = step_lib.init_state(model, sft.optimizer()), []
+    latest = run.checkpointer.latest_step()
+    if latest is not None:
+        start, extra = run.checkpointer.restore(latest, start)
+        if extra.get("fingerprint") != fingerprint:
+            raise _mismatch(run.out)
+        done = list(extra["history"])
+        print(f"[ft] resuming after epoch {latest}", flush=True)
+    evaluate = None
+    if data.held_out:
+        evaluate = functools.partial(
+            trainer.mean_nll, model=model, examples=data.held_out, config=sft, pad=pad
+        )
+    history = done
+    for state, history in trainer.run_epochs(
+        step_fn,
+        start,
+        data.train,
+        sft,
+        pad=pad,
+        history=done,
+        evaluate=evaluate,
+        patience=config.patience,
+    ):
+        _end_epoch(run, state, history, config, fingerprint)
+    return history
+
+
+def _end_epoch(
+    run: run_lib.Run, state, history: list[dict], config: FineTuneConfig, fingerprint: str
+) -> None:
+    """Exports the adapter if this epoch is the best so far, logs, checkpoints and writes history.json."""
+    epoch, record = len(history) - 1, history[-1]
+    best, stop = trainer.best_epoch(trainer.held_out_losses(history), config.patience)
+    if best == epoch:  # The model gets copies, so the next step's donation leaves it intact.
+        step_lib.sync_model(
+            run.model, dataclasses.replace(state, lora=jax.tree.map(jnp.copy, state.lora))
+        )
+        run.export_adapter()
+    held = record["held_out_nll"]
+    print(
+        f"[ft] epoch {epoch + 1}/{config.sft.epochs}: train loss {record['train_loss']:.4f}, "
+        f"held-out NLL {'n/a' if held is None else f'{held:.4f}'}, best epoch {best + 1}",
+        flush=True,
+    )
+    run.checkpointer.save(epoch + 1, state, extra={"fingerprint": fingerprint, "history": history})
+    metrics = {"ft/train_loss": record["train_loss"]}
+    if held is not None:
+        metrics["ft/held_out_nll"] = held
+    run.writer.write(epoch + 1, metrics)
+    artefacts.replace_text(run.out / "history.json", json.dumps(history, indent=2) + "\n")
+    if stop:
+        print(f"[ft] early stop: no improvement for {config.patience} epochs", flush=True)

@@ -11,11 +11,16 @@ full-batch gradient; only ``nnx.LoRAParam`` arrays move.
     sft_step = make_sft_step(model, config)
     state = training.step.init_state(model, config.optimizer())
     state, history = train_sft(model, tokenizer, records, config)
+
+``run_epochs`` is the epoch loop of a resumable, early-stopped fine-tuning (the
+ft baseline, ``sft.finetune``): each epoch shuffled by (seed, epoch), scored on a
+held-out slice, stopped after ``patience`` epochs without improvement.
 """
 
 import dataclasses
+import functools
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -196,6 +201,112 @@ def batches(examples: Sequence[SFTExample], config: SFTConfig, pad: int) -> Iter
             rows_multiple=config.batch_size,
             pad_id=pad,
         )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _nll_sums(graphdef, loss: NLLLoss, base, lora, batch):
+    """(sum of token NLL, number of tokens) of a batch under the base plus ``lora``."""
+    loss_sum, denominator, _ = loss(nnx.merge(graphdef, lora, base), batch)
+    return loss_sum, denominator
+
+
+def mean_nll(
+    state: TrainState,
+    *,
+    model: nnx.Module,
+    examples: Sequence[SFTExample],
+    config: SFTConfig,
+    pad: int,
+) -> float:
+    """Token-mean NLL of the examples' completions under the model's base plus the state's adapters.
+
+    Args:
+      state: the train state whose adapters are scored (not donated).
+      model: the model with LoRA adapters (its base weights are read).
+      examples: the pairs, e.g. a held-out slice.
+      config: batching and ``logits_chunk_tokens``.
+      pad: the padding id.
+    """
+    graphdef, _, base = step_lib.split_model(model)
+    loss = NLLLoss(chunk_tokens=config.logits_chunk_tokens)
+    total, count = 0.0, 0.0
+    for batch in batches(examples, config, pad):
+        loss_sum, denominator = _nll_sums(graphdef, loss, base, state.lora, batch)
+        total, count = total + float(loss_sum), count + float(denominator)
+    return total / max(count, 1.0)
+
+
+def best_epoch(losses: Sequence[float | None], patience: int) -> tuple[int, bool]:
+    """(index of the best epoch so far, whether to stop) from per-epoch held-out losses.
+
+    The best epoch has the lowest loss (the earliest on ties); training stops when
+    the last ``patience`` epochs all came after it. Without held-out losses (None)
+    the last epoch is the best and training never stops early.
+    """
+    if not losses:
+        raise ValueError("best_epoch needs at least one epoch")
+    if any(x is None for x in losses):
+        return len(losses) - 1, False
+    best = int(np.argmin(losses))
+    return best, len(losses) - 1 - best >= patience
+
+
+def held_out_losses(history: Sequence[dict]) -> list[float | None]:
+    """The ``held_out_nll`` of every epoch record of ``run_epochs``."""
+    return [record["held_out_nll"] for record in history]
+
+
+def _stops(history: Sequence[dict], patience: int | None) -> bool:
+    return (
+        patience is not None and bool(history) and best_epoch(held_out_losses(history), patience)[1]
+    )
+
+
+def run_epochs(
+    step_fn: step_lib.TrainStep,
+    state: TrainState,
+    examples: Sequence[SFTExample],
+    config: SFTConfig,
+    *,
+    pad: int,
+    history: Sequence[dict] = (),
+    evaluate: Callable[[TrainState], float] | None = None,
+    patience: int | None = None,
+) -> Iterator[tuple[TrainState, list[dict]]]:
+    """Trains up to ``config.epochs`` epochs, early-stopped on a held-out loss; yields after each.
+
+    Epoch ``e`` visits the examples in the order ``np.random.default_rng([config.seed, e])``
+    permutes them to, so a run resumed after epoch ``e - 1`` repeats it exactly. Each
+    epoch appends a record ``{"epoch", "train_loss" (mean ``sft/loss`` of its steps),
+    "held_out_nll" (``evaluate(state)``, or None)}`` to the history.
+
+    Args:
+      step_fn: the compiled update (``make_sft_step``); it consumes (donates) the state.
+      state: the train state to continue from.
+      examples: the training pairs.
+      config: the epochs, batching and shuffle seed.
+      pad: the padding id.
+      history: the records of the epochs already run (a resumed run continues after them).
+      evaluate: ``evaluate(state) -> held-out loss`` after each epoch (e.g. ``mean_nll``
+        on a held-out slice); None records no held-out loss.
+      patience: stop once the last ``patience`` epochs all came after the lowest held-out
+        loss (``best_epoch``; also checked on ``history`` first); None trains every epoch.
+
+    Yields:
+      (the state after the epoch, the history up to it). Save or export the state before
+      asking for the next epoch, whose first step donates it.
+    """
+    history = list(history)
+    while len(history) < config.epochs and not _stops(history, patience):
+        epoch = len(history)
+        order = np.random.default_rng([config.seed, epoch]).permutation(len(examples))
+        losses = []
+        for batch in batches([examples[i] for i in order], config, pad):
+            state, metrics = step_fn(state, batch)
+            losses.append(float(metrics["sft/loss"]))
+        held = None if evaluate is None else float(evaluate(state))
+        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "held_out_nll": held})
+        yield state, list(history)
 
 
 def samples_from_records(

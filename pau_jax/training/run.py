@@ -4,8 +4,10 @@
         ... r.model, r.tokenizer, r.checkpointer, r.writer, r.to_layout(rules), r.base_policy(s)
         summary = r.finish({"mode": "grpo", ...})        # adapter/ and summary.json
 
-AAC (``rl.loop.train``) and distillation (``sft.distill.distill``) both start
-here, so a new algorithm's run mode only adds its own loop.
+AAC (``rl.loop.train``), distillation (``sft.distill.distill``) and the ft
+baseline (``sft.finetune.train_adapter``, which exports its best epoch's adapter
+with ``r.export_adapter()`` and ends with ``r.close()`` and its own summary) all
+start here, so a new algorithm's run mode only adds its own loop.
 
 A run directory survives a kill at any moment: the random base model, the
 adapter folder and summary.json are written under a temporary name and renamed
@@ -156,19 +158,40 @@ class Run:
         cache = backends.prefix_cache(prefix_cache_gib)
         return LocalPolicy(model, self.tokenizer, sampling, prefix_cache=cache)
 
-    def finish(self, summary: dict) -> dict:
-        """Closes the files, exports the adapters (PEFT) and writes summary.json, each atomically."""
-        self.checkpointer.close()
-        self.writer.close()
-        summary = {**summary, "lora_modules": self.n_adapted}
-        summary["seconds"] = round(time.perf_counter() - self.started, 2)
+    def export_adapter(self) -> pathlib.Path:
+        """Exports the model's adapters as it holds them (PEFT) to <run_dir>/adapter, atomically.
+
+        Only the primary process writes. A loop that keeps its best adapter so far calls
+        this with the best one synced into the model (``training.step.sync_model``).
+
+        Returns:
+          The adapter folder.
+        """
+        path = self.out / "adapter"
         if self.primary:
             artefacts.replace_dir(
-                self.out / "adapter",
+                path,
                 lambda tmp: lora.export_peft(
                     self.model, tmp, base_model_name_or_path=self.base_path
                 ),
             )
+        return path
+
+    def close(self) -> None:
+        """Closes the checkpointer (waiting for saves in progress) and the metrics writer.
+
+        ``finish`` does this itself; a run mode that writes its own summary calls it instead.
+        """
+        self.checkpointer.close()
+        self.writer.close()
+
+    def finish(self, summary: dict) -> dict:
+        """Closes the files, exports the adapters (PEFT) and writes summary.json, each atomically."""
+        self.close()
+        summary = {**summary, "lora_modules": self.n_adapted}
+        summary["seconds"] = round(time.perf_counter() - self.started, 2)
+        if self.primary:
+            self.export_adapter()
             artefacts.replace_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")
         print(
             f"[{self.tag}] done: {summary.get('steps')} steps; adapter: {self.out / 'adapter'}",
@@ -181,8 +204,7 @@ class Run:
 
     def __exit__(self, *exc):
         if exc[0] is not None:  # Keep what was written; finish() was not reached.
-            self.checkpointer.close()
-            self.writer.close()
+            self.close()
         return False
 
 

@@ -1,5 +1,6 @@
-"""The ft baseline: held-out split, early stopping, resumable LoRA fine-tuning, and the 'ft' mode on pau/debug."""
+"""The ft baseline: held-out split, best-epoch export and early stopping, resumable LoRA fine-tuning, and the 'ft' mode on pau/debug."""
 
+import dataclasses
 import functools
 import json
 
@@ -9,8 +10,9 @@ import pytest
 
 from pau_jax.env import runner
 from pau_jax.evaluation import in_context, pipeline
+from pau_jax.evaluation.score import ScoringConfig
 from pau_jax.policy import backends
-from pau_jax.sft import finetune
+from pau_jax.sft import finetune, trainer
 from pau_jax.sft.trainer import SFTConfig
 from pau_jax.tasks import DatasetConfig
 from pau_jax.tasks import pau_dataset as tasks
@@ -43,6 +45,12 @@ def checkpoint(tmp_path_factory):
     return str(path)
 
 
+def _adapter_tensors(adapter) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(f"{adapter}/adapter_model.safetensors")
+
+
 def _pairs(n=4):
     return [
         {
@@ -67,14 +75,6 @@ def test_the_held_out_slice_depends_on_ids_not_order():
         finetune.split_pairs(pairs[:1], 0.1)
     with pytest.raises(ValueError, match="unique ids"):
         finetune.split_pairs(pairs[:1] * 2, 0.1)
-
-
-def test_best_epoch_and_early_stopping_table():
-    assert finetune.best_epoch([3.0], 3) == (0, False)
-    assert finetune.best_epoch([3.0, 2.0, 2.5, 2.6], 3) == (1, False)
-    assert finetune.best_epoch([3.0, 2.0, 2.5, 2.6, 2.1], 3) == (1, True)
-    assert finetune.best_epoch([2.0, 2.0, 2.0], 2) == (0, True)  # ties keep the earliest
-    assert finetune.best_epoch([None, None], 1) == (1, False)  # no held-out slice: the last
 
 
 class _Killed(Exception):
@@ -115,13 +115,21 @@ def test_train_adapter_keeps_the_best_epoch_and_resumes_where_it_stopped(
     assert summary["best_epoch"] == int(np.argmin(held)) + 1
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     # The same as an uninterrupted run.
+    # The metrics rows of the killed epoch were dropped and redone: one row per epoch.
+    rows = [json.loads(x) for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["ft/held_out_nll"] for r in rows] == pytest.approx(held, abs=1e-6)
+    # The same history and adapter as an uninterrupted run.
     calls.update(n=0)
     straight = finetune.train_adapter(out_dir=str(tmp_path / "straight"), **kwargs)
     assert calls["n"] == 4
     other = json.loads((tmp_path / "straight" / "summary.json").read_text())["history"]
-    np.testing.assert_allclose(
-        [h["held_out_nll"] for h in other], held, rtol=1e-4
-    )  # fmt: skip
+    for key in ("held_out_nll", "train_loss"):
+        np.testing.assert_allclose([h[key] for h in other], [h[key] for h in history], atol=1e-6)
+    resumed_tensors, straight_tensors = _adapter_tensors(adapter), _adapter_tensors(straight)
+    assert resumed_tensors.keys() == straight_tensors.keys() and len(resumed_tensors) == 14
+    for name, array in resumed_tensors.items():
+        np.testing.assert_allclose(array, straight_tensors[name], atol=1e-6)
     # The exported adapter is a PEFT folder on every linear layer of the base model.
     model, _ = qwen3.load_hf(checkpoint)
     assert (
@@ -134,6 +142,29 @@ def test_train_adapter_keeps_the_best_epoch_and_resumes_where_it_stopped(
     assert calls["n"] == 0
     with pytest.raises(ValueError, match="other pairs or settings"):
         finetune.train_adapter(out_dir=str(tmp_path / "killed"), **dict(kwargs, pairs=_pairs(5)))
+
+
+def test_early_stopping_exports_the_best_epoch(checkpoint, tmp_path, monkeypatch):
+    # Constructed held-out losses: epoch 3 is worse than epoch 2, so patience 1 stops there.
+    losses = iter([3.0, 2.0, 2.5, 1.0])
+    monkeypatch.setattr(trainer, "mean_nll", lambda state, **kwargs: next(losses))
+    config = dataclasses.replace(
+        SMALL, patience=1, sft=dataclasses.replace(SMALL.sft, epochs=4)
+    )  # fmt: skip
+    kwargs = dict(checkpoint_dir=checkpoint, pairs=_pairs(), tokenizer="qwen3-offline")
+    adapter = finetune.train_adapter(out_dir=str(tmp_path / "stopped"), config=config, **kwargs)
+    summary = json.loads((tmp_path / "stopped" / "summary.json").read_text())
+    assert summary["epochs_run"] == 3 and summary["best_epoch"] == 2
+    assert [h["held_out_nll"] for h in summary["history"]] == [3.0, 2.0, 2.5]
+    # The adapter is epoch 2's: the final one of a run of 2 epochs (each epoch seeded alone).
+    losses = iter([3.0, 2.0])
+    two = finetune.train_adapter(
+        out_dir=str(tmp_path / "two"), config=dataclasses.replace(SMALL, patience=1), **kwargs
+    )
+    best, final = _adapter_tensors(adapter), _adapter_tensors(two)
+    assert best.keys() == final.keys()
+    for name, array in best.items():
+        np.testing.assert_allclose(array, final[name], atol=1e-6)
 
 
 def test_ft_mode_on_the_debug_split(checkpoint, tmp_path, capsys):
@@ -151,10 +182,10 @@ def test_ft_mode_on_the_debug_split(checkpoint, tmp_path, capsys):
         policy=agent,
         dataset=DatasetConfig(config="debug", data_dir=str(data_dir), limit=3),
         modes=("in_context", "ft"),
-        fine_tune_fn=fine_tune,
+        baselines={"ft": fine_tune},
         judge=backends.ScriptedJudgeBackendConfig(),
         coder=backends.ScriptedCoderBackendConfig(),
-        bootstrap_resamples=200,
+        scoring=ScoringConfig(bootstrap_resamples=200),
     )
     out = capsys.readouterr().out
     assert "[eval] ft: fine-tuning on 3 train pairs" in out and "[eval] LoRA adapter on 7" in out
@@ -181,14 +212,14 @@ def test_ft_requirements_are_checked_first(tmp_path):
         modes=("ft",),
     )
     local = backends.LocalBackendConfig(checkpoint_dir="/ckpt")
-    with pytest.raises(ValueError, match="needs fine_tune_fn"):
+    with pytest.raises(ValueError, match="needs its adapter trainer"):
         pipeline.evaluate(policy=local, **common)
     with pytest.raises(ValueError, match="must be a LocalBackendConfig without adapter_dir"):
         pipeline.evaluate(
             policy=backends.LocalBackendConfig(checkpoint_dir="/ckpt", adapter_dir="/a"),
-            fine_tune_fn=finetune.train_adapter,
+            baselines={"ft": finetune.train_adapter},
             **common,
         )
     with pytest.raises(ValueError, match="need the train split"):
-        pipeline.evaluate(policy=local, fine_tune_fn=finetune.train_adapter, **common)
+        pipeline.evaluate(policy=local, baselines={"ft": finetune.train_adapter}, **common)
     assert not (tmp_path / "run").exists()

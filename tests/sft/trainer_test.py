@@ -274,3 +274,64 @@ def test_config_and_length_errors(tokenizer):
         SFTConfig(epochs=0)
     with pytest.raises(ValueError, match="no training pair fits max_length=5"):
         trainer.train_sft(_model(QWEN_VOCAB), tokenizer, RECORDS, SFTConfig(max_length=5))
+
+
+def test_best_epoch_and_early_stopping_table():
+    assert trainer.best_epoch([3.0], 3) == (0, False)
+    assert trainer.best_epoch([3.0, 2.0, 2.5, 2.6], 3) == (1, False)
+    assert trainer.best_epoch([3.0, 2.0, 2.5, 2.6, 2.1], 3) == (1, True)
+    assert trainer.best_epoch([2.0, 2.0, 2.0], 2) == (0, True)  # ties keep the earliest
+    assert trainer.best_epoch([None, None], 1) == (1, False)  # no held-out slice: the last
+    with pytest.raises(ValueError, match="at least one epoch"):
+        trainer.best_epoch([], 1)
+
+
+def _counting_step(seen):
+    """A stand-in update: the state is a step counter, the loss of step n is n; batches recorded."""
+
+    def step(state, batch):
+        seen.append(np.asarray(batch.input_ids).tolist())
+        return state + 1, {"sft/loss": jnp.asarray(float(state))}
+
+    return step
+
+
+def _epochs(held_out, *, patience, history=(), seen=None):
+    """run_epochs over 5 pairs in batches of 2 (3 steps an epoch) with constructed held-out losses."""
+    examples = [SFTExample(prompt_ids=[i + 1], completion_ids=[i + 2]) for i in range(5)]
+    config = SFTConfig(epochs=4, batch_size=2, pad_to_multiple=4, seed=7)
+    values = iter(held_out or ())
+    evaluate = None if held_out is None else (lambda state: next(values))
+    start = 3 * len(history)
+    return list(
+        trainer.run_epochs(
+            _counting_step([] if seen is None else seen), start, examples, config, pad=0,
+            history=history, evaluate=evaluate, patience=patience,
+        )
+    )  # fmt: skip
+
+
+def test_run_epochs_stops_after_patience_epochs_without_a_lower_held_out_loss():
+    # Patience 1: the held-out loss rises at epoch 3 (index 2), so epoch 4 never runs.
+    runs = _epochs([3.0, 2.0, 2.5, 1.0], patience=1)
+    assert len(runs) == 3 and [s for s, _ in runs] == [3, 6, 9]
+    history = runs[-1][1]
+    assert [h["held_out_nll"] for h in history] == [3.0, 2.0, 2.5]
+    assert [h["train_loss"] for h in history] == [1.0, 4.0, 7.0]  # mean of steps 3e..3e+2
+    assert [h["epoch"] for h in history] == [0, 1, 2]
+    # Patience 2 (or none, or no held-out loss) trains every epoch.
+    assert len(_epochs([3.0, 2.0, 2.5, 1.0], patience=2)) == 4
+    assert len(_epochs([3.0, 2.0, 2.5, 1.0], patience=None)) == 4
+    assert [h["held_out_nll"] for h in _epochs(None, patience=1)[-1][1]] == [None] * 4
+    # A resumed history that has already stopped trains nothing more.
+    assert _epochs([], patience=1, history=history) == []
+
+
+def test_run_epochs_resumed_after_an_epoch_repeats_the_uninterrupted_run():
+    seen, resumed_seen = [], []
+    straight = _epochs([3.0, 2.0, 1.5, 1.0], patience=1, seen=seen)[-1][1]
+    resumed = _epochs([1.5, 1.0], patience=1, history=straight[:2], seen=resumed_seen)
+    assert [s for s, _ in resumed] == [9, 12]
+    assert resumed[-1][1] == straight
+    assert resumed_seen == seen[6:]  # epochs 2 and 3 see the same batches, in the same order
+    assert seen[:3] != seen[3:6]  # each epoch is shuffled anew
