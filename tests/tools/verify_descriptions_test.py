@@ -1,9 +1,8 @@
 """The description verifier against a fake OpenAI-compatible annotator and coder."""
 
-import http.server
 import json
-import threading
 
+import chat_stub
 import pytest
 
 from pau_jax.data import verified_descriptions as verified
@@ -41,54 +40,29 @@ def _record(task_id, body):
     )
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    asked: list = []
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        text = body["messages"][-1]["content"]
-        describing = "Describe what the following Python function does" in text
-        type(self).asked.append("annotator" if describing else "coder")
-        if describing:
-            content = "It returns its argument plus one."
-        else:
-            content = "```python\ndef test_func(arg0):\n    return arg0 + 1\n```"
-        payload = json.dumps(
-            {
-                "choices": [
-                    {"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-                ]
-            }
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args):
-        pass
+def _answer(body):
+    """The annotator describes both functions as adding one; the coder writes that."""
+    if "Describe what the following Python function does" in body["messages"][-1]["content"]:
+        return "It returns its argument plus one."
+    return "```python\ndef test_func(arg0):\n    return arg0 + 1\n```"
 
 
 @pytest.fixture
 def endpoint(monkeypatch, tmp_path):
-    _Handler.asked = []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    monkeypatch.setenv("PAU_ANNOTATOR_BASE_URL", url)
+    """(base URL, requests seen) of the annotator and coder; the split is two hand-made records."""
     monkeypatch.setenv("PAU_ANNOTATOR_MODEL", "annotator-m")
     monkeypatch.setenv("PAU_ANNOTATOR_CACHE_DIR", str(tmp_path / "cache"))
     records = [_record(t, body) for t, body in FUNCTIONS.items()]
     monkeypatch.setattr(pau_dataset, "load_split", lambda *a, **k: records)
-    yield url
-    httpd.shutdown()
-    httpd.server_close()
+    with chat_stub.serve(_answer) as (url, seen):
+        monkeypatch.setenv("PAU_ANNOTATOR_BASE_URL", url)
+        yield url, seen
 
 
 def test_keeps_what_execution_verifies_and_resumes(endpoint, tmp_path, capsys):
+    url, seen = endpoint
     out = tmp_path / "kept.jsonl"
-    argv = ["--coder_base_url", endpoint, "--coder_model", "coder-m", "--out", str(out)]
+    argv = ["--coder_base_url", url, "--coder_model", "coder-m", "--out", str(out)]
     assert verify_descriptions.main(argv) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "kept=1 of 2"
     kept = verified.read(out)
@@ -103,10 +77,10 @@ def test_keeps_what_execution_verifies_and_resumes(endpoint, tmp_path, capsys):
     assert [(r["task_id"], r["matched"], r["held_out"]) for r in rejected] == [
         ("CRUXEval/sample_1", 1, 4)
     ]
-    asked = len(_Handler.asked)
+    asked = len(seen)
     assert verify_descriptions.main(argv) == 0  # Both items are done: nothing is asked again.
     assert capsys.readouterr().out.splitlines()[-1] == "kept=0 of 0"
-    assert len(_Handler.asked) == asked
+    assert len(seen) == asked
 
 
 def test_the_coder_and_the_annotator_must_be_given(monkeypatch):
