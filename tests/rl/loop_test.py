@@ -63,7 +63,7 @@ def test_task_order_is_seeded_epoch_permutations_and_resumable():
 def test_rollout_seeds_of_steps_never_overlap():
     seeds = [steps.rollout_seed(s, k) for s in range(3) for k in range(100)]
     gaps = np.diff(sorted(seeds))
-    assert len(set(seeds)) == len(seeds) and gaps.min() >= loop._SEEDS_PER_STEP
+    assert len(set(seeds)) == len(seeds) and gaps.min() >= steps._SEEDS_PER_STEP
 
 
 def test_critic_seeds_differ_per_step_and_from_the_actor():
