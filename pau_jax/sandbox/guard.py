@@ -11,8 +11,8 @@ read-only mounts, user switch, resource limits) apply even to code that gets pas
 
 import os
 import signal
+import stat
 import sys
-import types
 
 _DENIED_PREFIXES = {
     "socket.": "network access",
@@ -38,6 +38,7 @@ _DENIED_PREFIXES = {
     "resource.setrlimit": "changing resource limits",
     "resource.prlimit": "changing resource limits",
     "sys.addaudithook": "adding audit hooks",
+    "gc.get_": "reading the interpreter's object graph",
     "syslog.": "writing to the system log",
     "sqlite3.enable_load_extension": "native code through sqlite3 extensions",
     "sqlite3.load_extension": "native code through sqlite3 extensions",
@@ -87,7 +88,6 @@ _HARMLESS = frozenset(
         "import",
         "marshal.loads",
         "object.__getattr__",
-        "object.__setattr__",
         "os.listdir",
         "os.scandir",
         "sys._getframe",
@@ -137,90 +137,145 @@ def restrict_modules() -> None:
 def install(root: str) -> None:
     """Installs the audit hook of a worker whose private writable directory is ``root``.
 
-    The hook reads its settings from private copies made here, never from this module's
-    globals, so rewriting the module (through ``sys.modules``) changes nothing.
-
     Args:
       root: the only directory under which files may be created, changed or removed.
     """
-    root = os.path.realpath(root)
-    prefix = root + os.sep
-    own_pid = os.getpid()
-    realpath, isdir, fsdecode = os.path.realpath, os.path.isdir, os.fsdecode
-    denied_prefixes = tuple(_DENIED_PREFIXES.items())
-    prefixes = tuple(_DENIED_PREFIXES)
-    path_events = types.MappingProxyType(dict(_PATH_EVENTS))
-    harmless = frozenset(_HARMLESS)
-    write_flags, refuse, sep, pathlike = _WRITE_FLAGS, denied, os.sep, os.PathLike
-    split, join, entry_events = os.path.split, os.path.join, _ENTRY_EVENTS
+    sys.addaudithook(_hook(os.path.realpath(root), os.getpid()))
 
-    def resolve(path):
-        return realpath(fsdecode(path))
 
-    def resolve_entry(path):
-        text = fsdecode(path)
-        head, tail = split(text.rstrip(sep) or text)
-        if tail in ("", ".", ".."):
-            return resolve(text)
-        return join(realpath(head or "."), tail)
+def _real_path(text, entry, sep, getcwd, lstat, islink, readlink, os_error):
+    """The path as the kernel will see it, from C functions only (never ``os.path``).
 
-    def inside(real: str) -> bool:
-        return real == root or real.startswith(prefix)
+    Symbolic links are followed (for an entry event all but the last component), "." and
+    ".." applied. Every function it calls is an argument and it reads no global name, so
+    nothing sandboxed code rewrites changes what it answers; the hook refuses any change to
+    its code or defaults.
+    """
+    pending = (text if text.startswith(sep) else getcwd() + sep + text).split(sep)
+    last = ""
+    if entry:
+        while pending and pending[-1] in ("", "."):
+            pending.pop()
+        if pending and pending[-1] != "..":
+            last = pending.pop()
+    pending.reverse()
+    resolved, links = "", 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            resolved = resolved.rpartition(sep)[0]
+            continue
+        candidate = resolved + sep + name
+        try:
+            target = (
+                readlink(candidate) if links < 40 and islink(lstat(candidate).st_mode) else None
+            )
+        except os_error:
+            target = None
+        if target is None:
+            resolved = candidate
+            continue
+        links += 1
+        parts = target.split(sep)
+        if parts[0] == "":
+            resolved = ""
+        parts.reverse()
+        pending.extend(parts)
+    return (resolved + sep + last) if last else (resolved or sep)
 
-    def other_process(real: str) -> bool:
-        parts = real.split(sep)
-        return (
-            len(parts) > 2
-            and parts[1] == "proc"
-            and parts[2].isdigit()
-            and int(parts[2]) != own_pid
-        )
 
-    def check_open(args):
-        path, mode, flags = args
-        if isinstance(path, int):
-            return
-        real = resolve(path)
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
-            isinstance(flags, int) and flags & write_flags
-        )
-        if writing and not inside(real):
-            raise refuse(f"writing to {fsdecode(path)!r} (outside the sandbox directory)")
-        if other_process(real):
-            raise refuse(f"reading files of other processes ({fsdecode(path)!r})")
-        if isdir(real):
-            raise refuse(f"opening directories as files ({fsdecode(path)!r})")
+def _hook(root: str, own_pid: int):
+    """The hook function, closed over immutable values and functions written in C only.
 
-    def check_paths(event, args):
-        positions, dir_fds = path_events[event]
-        for i in dir_fds:
-            if i < len(args) and args[i] is not None and args[i] != -1:
-                raise refuse(f"{event} relative to a directory descriptor")
-        resolver = resolve_entry if event in entry_events else resolve
-        for i in positions:
-            if i < len(args) and not isinstance(args[i], int) and not inside(resolver(args[i])):
-                raise refuse(f"{event} on {fsdecode(args[i])!r} (outside the sandbox directory)")
+    Sandboxed code may rewrite anything written in Python: this module (through
+    ``sys.modules``), ``builtins``, ``os.path``. So the hook looks up no name at call time
+    (every builtin and ``os`` function it calls is bound here) and resolves paths with
+    ``_real_path``, bound here too. A frame of the hook (a refused operation's traceback
+    leads to one) shows strings, numbers, frozensets, tuples, C functions and
+    ``_real_path``, none of which can be changed (a new ``__code__`` or defaults for
+    ``_real_path`` is refused). The closure's cells are reachable only through the hook
+    function itself, which nothing sandboxed can name: reading the interpreter's object
+    graph (``gc.get_objects`` and the like) is refused. A path object other than
+    ``str``/``bytes`` is read once more through its ``__fspath__``; one that answers
+    differently on each call can mislead this layer (the read-only mounts still hold).
+    """
+    sep, prefix, pid_text = os.sep, root + os.sep, str(own_pid)
+    resolve_args = (sep, os.getcwd, os.lstat, stat.S_ISLNK, os.readlink, OSError)
+    real_path, stat_path, isdir, fspath = _real_path, os.stat, stat.S_ISDIR, os.fspath
+    kind, subclass, length, integer, os_error = type, issubclass, len, int, OSError
+    refuse, text_type, bytes_type, strings = PermissionError, str, bytes, (str, bytes)
+    encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+    denied_prefixes, prefixes = tuple(_DENIED_PREFIXES.items()), tuple(_DENIED_PREFIXES)
+    path_events = tuple((event, pos, fds) for event, (pos, fds) in _PATH_EVENTS.items())
+    path_event_names, harmless = frozenset(_PATH_EVENTS), frozenset(_HARMLESS)
+    entry_events, write_flags, write_modes = _ENTRY_EVENTS, _WRITE_FLAGS, frozenset("wax+")
+    sealed = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 
     def hook(event, args):
         if event in harmless:
             return
+        targets, opening, writing = (), False, True
         if event == "open":
-            check_open(args)
-        elif event in path_events:
-            check_paths(event, args)
+            path, mode, flags = args
+            if subclass(kind(path), integer):
+                return
+            writing = (kind(mode) is text_type and not write_modes.isdisjoint(mode)) or (
+                subclass(kind(flags), integer) and flags & write_flags != 0
+            )
+            targets, opening = ((path, False, "open"),), True
+        elif event in path_event_names:
+            for row in path_events:
+                if row[0] == event:
+                    positions, dir_fds = row[1], row[2]
+            for i in dir_fds:
+                if i < length(args) and args[i] is not None and args[i] != -1:
+                    raise refuse(
+                        f"sandbox: {event} relative to a directory descriptor is not allowed"
+                    )
+            for i in positions:
+                if i < length(args) and not subclass(kind(args[i]), integer):
+                    targets += ((args[i], event in entry_events, event),)
         elif event.startswith(prefixes):
             for start, what in denied_prefixes:
                 if event.startswith(start):
-                    raise refuse(f"{what} ({event})")
+                    raise refuse(f"sandbox: {what} ({event}) is not allowed")
         elif event == "os.kill":
             if args[0] != own_pid:
-                raise refuse("signalling other processes (os.kill)")
+                raise refuse("sandbox: signalling other processes (os.kill) is not allowed")
+        elif event == "object.__setattr__":
+            if args[0] is real_path and args[1] in sealed:
+                raise refuse("sandbox: changing the sandbox's own functions is not allowed")
         elif event == "sqlite3.connect":
-            database = args[0]
-            if not isinstance(database, (str, bytes, pathlike)):
+            targets = ((args[0], False, "opening database"),)
+        for path, entry, what in targets:
+            text = path if subclass(kind(path), strings) else fspath(path)
+            if kind(text) is bytes_type:
+                text = text.decode(encoding, errors)
+            if kind(text) is not text_type:
                 return
-            name = fsdecode(database)
-            if name != ":memory:" and "mode=memory" not in name and not inside(resolve(name)):
-                raise refuse(f"opening database {name!r} (outside the sandbox directory)")
+            if what == "opening database" and (text in (":memory:", "") or "mode=memory" in text):
+                continue
+            real = real_path(text, entry, *resolve_args)
+            if writing and real != root and not real.startswith(prefix):
+                action = f"writing to {text!r}" if opening else f"{what} on {text!r}"
+                raise refuse(f"sandbox: {action} (outside the sandbox directory) is not allowed")
+            if not opening:
+                continue
+            parts = real.split(sep)
+            if (
+                length(parts) > 2
+                and parts[1] == "proc"
+                and parts[2].isdigit()
+                and parts[2] != pid_text
+            ):
+                raise refuse(f"sandbox: reading files of other processes ({text!r}) is not allowed")
+            try:
+                directory = isdir(stat_path(real).st_mode)
+            except os_error:
+                directory = False
+            if directory:
+                raise refuse(f"sandbox: opening directories as files ({text!r}) is not allowed")
 
-    sys.addaudithook(hook)
+    return hook

@@ -185,6 +185,8 @@ class _Runner:
                     if cov is not None:
                         cov.switch_context("")
         except BaseException as exc:  # noqa: BLE001 - every failure of untrusted code is a result.
+            if compiled.patches:  # The reply is written with the worker's own builtins.
+                self.state.restore_builtins()
             reply["ok"] = False
             reply["value"] = None
             reply["error_type"] = type(exc).__name__

@@ -6,23 +6,38 @@ from pau_jax.sandbox import Executor
 
 TIMEOUT = 20.0
 BENIGN = "def test_func(x):\n    return [x, x * 2]\n"
-# A reply in the worker's format, for the call whose id the code finds in the worker's memory.
+# A reply in the worker's format, for the call whose id the code finds in the worker's memory:
+# through the garbage collector where it may, else through the frames above its own (the
+# worker's loop holds the request and the reply pipe).
 _REPLY = (
+    "import sys\n"
+    "def everything():\n"
+    "    try:\n"
+    "        return gc.get_objects()\n"
+    "    except PermissionError:\n"
+    "        pass\n"
+    "    frame, found = sys._getframe(), []\n"
+    "    while frame is not None:\n"
+    "        found += list(frame.f_locals.values())\n"
+    "        frame = frame.f_back\n"
+    "    for obj in list(found):\n"
+    "        found += list(getattr(obj, '__dict__', {}).values())\n"
+    "    return found\n"
     "def forged(call_id):\n"
     "    return json.dumps({'id': call_id, 'ok': True, 'value': '\"FORGED\"', 'display': 'F',\n"
     "                       'error_type': None, 'error_message': None, 'stdout': '',\n"
     "                       'stderr': '', 'lines': None, 'arcs': None, 'cpu_s': 0.0}).encode()\n"
     "def current_id(args):\n"
     "    from pau_jax.sandbox import values\n"
-    "    requests = [o for o in gc.get_objects() if isinstance(o, dict) and o.get('op') == 'run']\n"
+    "    requests = [o for o in everything() if isinstance(o, dict) and o.get('op') == 'run']\n"
     "    request = requests[-1]\n"
     "    ids = request.get('ids') or [None] * len(request['args'])\n"
     "    return ids[request['args'].index(values.encode(args))]\n"
 )
-# Finds the worker's reply Connection through the garbage collector and sends a whole reply.
-THROUGH_GC = (
+# Finds the worker's reply Connection in its memory and sends a whole reply.
+THROUGH_MEMORY = (
     "import gc, json\n" + _REPLY + "def test_func(*args):\n"
-    "    pipes = [o for o in gc.get_objects()\n"
+    "    pipes = [o for o in everything()\n"
     "             if type(o).__name__ == 'Connection' and getattr(o, 'writable', False)]\n"
     "    for pipe in pipes:\n"
     "        pipe.send_bytes(forged(current_id(args)))\n"
@@ -63,14 +78,14 @@ def _assert_innocent_calls_answered(pool, n=3):
         assert result.ok and result.value == [x, 2 * x], result
 
 
-@pytest.mark.parametrize("source", [THROUGH_GC, THROUGH_FDS], ids=["gc", "fds"])
+@pytest.mark.parametrize("source", [THROUGH_MEMORY, THROUGH_FDS], ids=["memory", "fds"])
 def test_forged_reply_answers_no_call(lone_pool, source):
     _assert_rejected(lone_pool.call(source, (), timeout_s=TIMEOUT))
     _assert_innocent_calls_answered(lone_pool)
 
 
 def test_forged_replies_in_a_batch_leave_the_other_calls_intact(lone_pool):
-    mixed = THROUGH_GC.replace(
+    mixed = THROUGH_MEMORY.replace(
         "def test_func(*args):\n",
         "def test_func(*args):\n    if args[0] % 2:\n        return args[0]\n",
     )
@@ -84,7 +99,7 @@ def test_forged_replies_in_a_batch_leave_the_other_calls_intact(lone_pool):
 
 
 def test_forger_that_never_returns_times_out(lone_pool):
-    result = lone_pool.call(THROUGH_GC, (0, "spin"), timeout_s=1.5)
+    result = lone_pool.call(THROUGH_MEMORY, (0, "spin"), timeout_s=1.5)
     assert not result.ok and result.value != "FORGED", result
     assert result.error_type == "TimeoutError" and result.timed_out, result
     _assert_innocent_calls_answered(lone_pool)
@@ -96,7 +111,7 @@ def test_forged_replies_do_not_reach_calls_from_other_threads():
     with Executor(workers=2) as pool:
         with concurrent.futures.ThreadPoolExecutor(4) as threads:
             forgers = [
-                threads.submit(pool.call, THROUGH_GC, (), timeout_s=TIMEOUT) for _ in range(4)
+                threads.submit(pool.call, THROUGH_MEMORY, (), timeout_s=TIMEOUT) for _ in range(4)
             ]
             innocent = [
                 threads.submit(pool.call, BENIGN, (x,), timeout_s=TIMEOUT) for x in range(8)

@@ -1,7 +1,7 @@
 """Workers kept apart: one uid each, private directories, model code never beside a reference.
 
 Generated code (a coder's prediction) must not read the task's reference source: not in its
-own worker (cached sources, their files, code objects reachable through ``gc``) and not in
+own worker (cached sources, their files, code objects reachable through ``gc`` or frames) and not in
 another worker's directory. Workers must not be able to signal one another below the audit
 hook, which the kernel refuses only between different users.
 """
@@ -18,7 +18,7 @@ REFERENCE = f"def test_func(x):\n    tag = {SECRET!r}\n    return x + 1\n"
 # the other workers (found through /tmp), every code object alive in its process. The secret
 # comes reversed as the argument, so that the snoop's own source does not hold it.
 SNOOP = (
-    "import gc, os, types\n"
+    "import gc, os, sys, types\n"
     "def _files(top):\n"
     "    found = []\n"
     "    for root, dirs, files in os.walk(top):\n"
@@ -42,9 +42,22 @@ SNOOP = (
     "                    seen.append(f.read())\n"
     "            except OSError as exc:\n"
     "                errors.append(type(exc).__name__)\n"
-    "    for obj in gc.get_objects():\n"
-    "        if isinstance(obj, types.FunctionType):\n"
-    "            seen.append(repr(obj.__code__.co_consts))\n"
+    "    try:\n"
+    "        objects = gc.get_objects()\n"
+    "    except PermissionError:\n"
+    "        objects, frame = [], sys._getframe()\n"
+    "        while frame is not None:\n"
+    "            objects += [frame.f_code] + list(frame.f_locals.values())\n"
+    "            frame = frame.f_back\n"
+    "        for obj in list(objects):\n"
+    "            inner = getattr(obj, '__dict__', None) or (obj if isinstance(obj, dict) else {})\n"
+    "            for value in list(inner.values()):\n"
+    "                objects += [value] + (list(value.values()) if isinstance(value, dict) else [])\n"
+    "        objects += [getattr(o, 'code', None) for o in list(objects)]\n"
+    "    for obj in objects:\n"
+    "        code = obj.__code__ if isinstance(obj, types.FunctionType) else obj\n"
+    "        if isinstance(code, types.CodeType):\n"
+    "            seen.append(repr(code.co_consts))\n"
     "    return [any(secret in s for s in seen), len(tops) - 1, sorted(set(errors))]\n"
 )
 
