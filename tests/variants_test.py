@@ -224,3 +224,18 @@ def test_the_cpu_preset_masks_its_graders_and_as_released_unmasks_them(parse):
     for seat in ("judge", "coder"):
         sampling = _make("pau_jax.policy.config.SamplingConfig", scope=seat)
         assert sampling.structured == "off" and sampling.enable_thinking, seat
+
+
+def test_the_held_out_preset_keeps_the_protocol_of_the_aac_run(parse):
+    parse("eval/aac_heldout_cpu.gin")
+    gin.parse_config("ADAPTER = 'runs/x/adapter'")
+    episode = _make("pau_jax.env.episode.EpisodeConfig")
+    assert (episode.max_steps, episode.conversation) == (7, "multi_turn")
+    agent = _make("pau_jax.policy.backends.LocalBackendConfig", scope="policy")
+    assert agent.adapter_dir == "runs/x/adapter" and agent.sampling.max_new_tokens == 64
+    for seat in ("policy", "judge", "coder"):
+        assert (
+            _make("pau_jax.policy.backends.LocalBackendConfig", scope=seat).decode_weights == "q8"
+        )
+    assert gin.query_parameter("pau_jax.experiment.evaluate.modes") == ("interactive",)
+    assert _make("pau_jax.tasks.DatasetConfig").limit == 12
