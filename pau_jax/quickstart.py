@@ -30,65 +30,47 @@ def quickstart(
     train_fn=None,
     evaluate_fn=None,
     actor=None,
-    data_dir: str = "~/tensorflow_datasets",
-    dataset_config: str = "debug",
-    manual_dir: str | None = None,
-    eval_split: str = "test",
-    eval_limit: int | None = None,
-    eval_sources: tuple[str, ...] | None = None,
-    train_split: str = "train",
+    eval_data=None,
+    train_data=None,
     modes: tuple[str, ...] = ("interactive", "in_context"),
     seed: int = 0,
     dtype: str = "float32",
     agent_sampling: SamplingConfig = SamplingConfig(max_new_tokens=32),
     judge_sampling: SamplingConfig = SamplingConfig(max_new_tokens=32),
-    bootstrap_resamples: int = 2000,
     scoring=None,
 ) -> dict:
     """The main job end to end: data → checkpoint → evaluate → AAC → evaluate → report.
 
-    1. builds `pau/<dataset_config>` under `data_dir` unless it is there;
-    2. writes a random Qwen3 (`model_config`) with the real offline Qwen3 tokenizer
-       as a Hugging Face checkpoint directory `run_dir/checkpoint`, or uses the
-       given real `checkpoint` (e.g. SmolLM2-135M-Instruct, `gin/quickstart_real.gin`);
-    3. evaluates it on the eval split (`run_dir/eval_before`), judge and coder being
-       the same base checkpoint (self-graded, and labelled so in every report);
-    4. trains its LoRA adapters with AAC on the train split (`run_dir/train`: the
-       frozen base is the critic; checkpoints, metrics, PEFT adapter);
-    5. evaluates the base plus the exported adapter the same way (`run_dir/eval_after`);
-    6. writes `run_dir/report.md` (before vs after, paired tests) and `summary.json`.
+    Builds the datasets, writes a random Qwen3 with the real offline tokenizer (or takes a
+    real `checkpoint`), evaluates it (`run_dir/eval_before`; judge and coder are the same
+    base checkpoint: self-graded, labelled so in every report), trains its LoRA adapters
+    with AAC, the frozen base as critic (`run_dir/train`), evaluates base + adapter the
+    same way (`run_dir/eval_after`) and writes `run_dir/report.md` (before vs after,
+    paired tests) and `summary.json`.
 
     A rerun with the same `run_dir` resumes every stage.
 
     Args:
       run_dir: the run directory.
-      model_config: a `Qwen3Config` of the random model (when no `checkpoint`).
-      checkpoint: a Hugging Face checkpoint directory to use instead of a random
-        model (gin: a path, or `@pau_jax.tools.fetch_smollm2.ensure_checkpoint()`).
-      train_fn: the training function, called with keyword arguments (`run_dir`,
-        `actor`, `seed`, `dataset`); gin binds the configured
-        `pau_jax.experiment.train`. Default `pau_jax.rl.loop.train`.
-      actor: the adapters' settings (`training.run.ActorConfig`); its checkpoint and
-        dtype are this run's.
-      evaluate_fn: the evaluation function, called with keyword arguments (`run_dir`,
-        `policy`, `judge`, `coder`, `dataset`, `modes`, `scoring`, `title`); gin binds
-        the configured
-        `pau_jax.experiment.evaluate`. Default `pau_jax.evaluation.pipeline.evaluate`.
-      data_dir: the TFDS data_dir of the `pau` dataset.
-      dataset_config: builder config ('debug' builds in seconds from the builder's dummy data).
-      manual_dir: source files for building a config other than 'debug'.
-      eval_split, eval_limit: what is evaluated (limit: first N tasks by id; None all).
-      eval_sources: evaluate only items of these source benchmarks (None: all).
-      train_split: what AAC trains on.
+      model_config, checkpoint: exactly one: a `Qwen3Config` of a random model, or a Hugging
+        Face checkpoint directory (gin: a path, or a `pau_jax.tools.fetch` function).
+      train_fn, evaluate_fn: called with keyword arguments (`run_dir`, `actor`, `seed`,
+        `dataset`; `run_dir`, `policy`, `judge`, `coder`, `dataset`, `modes`, `scoring`,
+        `title`); gin binds the configured `pau_jax.experiment.train` and `.evaluate`.
+        Defaults `rl.loop.train` and `evaluation.pipeline.evaluate`.
+      actor: the adapters' settings (`training.run.ActorConfig`; its checkpoint and dtype
+        are this run's).
+      eval_data, train_data: `tasks.DatasetConfig`s of what is evaluated and what AAC
+        trains on (default: `pau/debug` test and train under ~/tensorflow_datasets); each
+        is built first where `build_if_missing` (a config other than 'debug' from its
+        `manual_dir`).
       modes: evaluation modes ('interactive', 'in_context').
       seed: seeds the random model, training and the bootstrap.
       dtype: parameter dtype of every local model.
-      agent_sampling: how the evaluated agent samples (greedy by default).
-      judge_sampling: how the judge and the coder sample.
-      bootstrap_resamples: resamples of the intervals and permutations of the tests.
-      scoring: how both evaluations score (`evaluation.score.ScoringConfig`, default
-        `ScoringConfig()`); its bootstrap seed and resamples are `seed` and
-        `bootstrap_resamples`.
+      agent_sampling, judge_sampling: how the evaluated agent, and the judge and coder,
+        sample (greedy by default).
+      scoring: how both evaluations score and compare (`evaluation.score.ScoringConfig`,
+        default with 2,000 bootstrap resamples); its bootstrap seed is `seed`.
 
     Returns:
       The summary written to `run_dir/summary.json`.
@@ -101,71 +83,42 @@ def quickstart(
     out = pathlib.Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     started, seconds = time.perf_counter(), {}
-    if (checkpoint is None) == (model_config is None):
-        raise ValueError(
-            "quickstart needs exactly one of model_config= (a random model) and checkpoint= "
-            "(a Hugging Face directory)"
-        )
-    with _stage(seconds, "setup", 1, f"dataset pau/{dataset_config} under {data_dir}"):
-        model = _set_up(out, checkpoint, model_config, seed, data_dir, dataset_config, manual_dir)
+    eval_data = eval_data or DatasetConfig(config="debug", split="test", build_if_missing=True)
+    train_data = train_data or DatasetConfig(config="debug", split="train", build_if_missing=True)
+    with _stage(seconds, "setup", 1, f"dataset pau/{eval_data.config} under {eval_data.data_dir}"):
+        model = _set_up(out, checkpoint, model_config, seed, (eval_data, train_data))
+    scoring = dataclasses.replace(
+        scoring or ScoringConfig(bootstrap_resamples=2000), bootstrap_seed=seed
+    )
     run_eval = functools.partial(
         _evaluate,
         evaluate_fn or pipeline.evaluate,
         out,
         model.checkpoint,
-        dataset=DatasetConfig(
-            config=dataset_config,
-            split=eval_split,
-            data_dir=data_dir,
-            limit=eval_limit,
-            sources=eval_sources,
-        ),
+        dataset=eval_data,
         modes=tuple(modes),
         dtype=dtype,
         agent_sampling=agent_sampling,
         judge_sampling=judge_sampling,
-        scoring=dataclasses.replace(
-            scoring or ScoringConfig(),
-            bootstrap_seed=seed,
-            bootstrap_resamples=bootstrap_resamples,
-        ),
+        scoring=scoring,
     )
     with _stage(seconds, "eval_before", 2, "evaluate the base model (before training)"):
         before = run_eval("eval_before", None, "PAU evaluation before AAC")
-    text = f"AAC training on pau/{dataset_config} {train_split} (frozen base as critic)"
+    text = f"AAC training on pau/{train_data.config} {train_data.split} (frozen base as critic)"
     with _stage(seconds, "train", 3, text):
+        actor = _actor(actor, model.checkpoint, dtype)
         trained = (train_fn or loop.train)(
-            run_dir=str(out / "train"),
-            actor=_actor(actor, model.checkpoint, dtype),
-            seed=seed,
-            dataset=DatasetConfig(config=dataset_config, data_dir=data_dir, split=train_split),
+            run_dir=str(out / "train"), actor=actor, seed=seed, dataset=train_data
         )
     adapter = out / "train" / "adapter"
     with _stage(seconds, "eval_after", 4, f"evaluate the base model + trained adapter {adapter}"):
         after = run_eval("eval_after", str(adapter), "PAU evaluation after AAC")
     with _stage(seconds, "report", 5, "report: before vs after"):
-        comparisons, history, path = _report(
-            out,
-            model,
-            before,
-            after,
-            trained,
-            modes,
-            seed,
-            bootstrap_resamples,
-            f"pau/{dataset_config} {eval_split}",
-        )
+        results = (before, after, trained)
+        comparisons, history, path = _report(out, model, results, modes, scoring, eval_data)
     seconds["total"] = time.perf_counter() - started
     summary = _summary(model, before, after, trained, comparisons, history, modes)
-    summary |= {
-        "paths": {
-            "checkpoint": str(model.checkpoint),
-            "adapter": str(adapter),
-            "metrics": str(out / "train" / "metrics.jsonl"),
-            "report": str(path),
-        },
-        "seconds": {k: round(v, 1) for k, v in seconds.items()},
-    }
+    summary |= {"paths": _paths(out, model, adapter, path), "seconds": _rounded(seconds)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _print_summary(summary, model, modes, adapter, path)
     return summary
@@ -189,12 +142,20 @@ def _stage(seconds: dict, key: str, n: int, text: str):
     seconds[key] = time.perf_counter() - t
 
 
-def _set_up(out, checkpoint, model_config, seed, data_dir, dataset_config, manual_dir) -> _Model:
-    """Builds the dataset unless it is there; the given checkpoint or a random Qwen3."""
+def _set_up(out, checkpoint, model_config, seed, datasets) -> _Model:
+    """Builds the datasets unless they are there; the given checkpoint or a random Qwen3."""
     from pau_jax.tasks import pau_dataset
     from pau_jax.training import artefacts
 
-    pau_dataset.ensure_built(data_dir, config=dataset_config, manual_dir=manual_dir)
+    if (checkpoint is None) == (model_config is None):
+        raise ValueError(
+            "quickstart needs exactly one of model_config= (a random model) and checkpoint= "
+            "(a Hugging Face directory)"
+        )
+    for dataset in (d for d in datasets if d.build_if_missing):
+        pau_dataset.ensure_built(
+            dataset.data_dir, config=dataset.config, manual_dir=dataset.manual_dir
+        )
     if checkpoint is not None:
         checkpoint = pathlib.Path(checkpoint).expanduser()
         if not (checkpoint / "config.json").is_file():
@@ -265,9 +226,12 @@ def _actor(actor, checkpoint: pathlib.Path, dtype: str):
     return dataclasses.replace(actor or ActorConfig(), checkpoint=str(checkpoint), dtype=dtype)
 
 
-def _report(out, model, before, after, trained, modes, seed, resamples, data_text):
+def _report(out, model, results, modes, scoring, eval_data):
     """Writes `out/report.md`; returns (paired comparisons, training history, report path)."""
     from pau_jax.evaluation import pipeline, report, stats
+
+    before, after, trained = results
+    data_text = f"pau/{eval_data.config} {eval_data.split}"
 
     runs, intervals, comparisons = {}, {}, {}
     for mode in modes:
@@ -276,7 +240,10 @@ def _report(out, model, before, after, trained, modes, seed, resamples, data_tex
             runs[f"{name}/{mode}"] = scored[name]
             intervals[f"{name}/{mode}"] = result["intervals"][mode]
         comparisons[f"after/{mode} vs before/{mode}"] = stats.compare_runs(
-            scored["after"], scored["before"], seed=seed, resamples=resamples
+            scored["after"],
+            scored["before"],
+            seed=scoring.bootstrap_seed,
+            resamples=scoring.bootstrap_resamples,
         )
     history = []
     metrics_path = out / "train" / "metrics.jsonl"
@@ -300,6 +267,19 @@ def _report(out, model, before, after, trained, modes, seed, resamples, data_tex
         banner=pipeline.SELF_GRADED_BANNER,
     )
     return comparisons, history, path
+
+
+def _paths(out: pathlib.Path, model: _Model, adapter: pathlib.Path, report: pathlib.Path) -> dict:
+    return {
+        "checkpoint": str(model.checkpoint),
+        "adapter": str(adapter),
+        "metrics": str(out / "train" / "metrics.jsonl"),
+        "report": str(report),
+    }
+
+
+def _rounded(seconds: dict) -> dict:
+    return {k: round(v, 1) for k, v in seconds.items()}
 
 
 def _headline(result: dict, modes) -> dict:

@@ -78,7 +78,4 @@ def input_problems(name: str, values: dict, macros: dict, mode: str) -> list[str
         problems.append(
             _dataset_problem(get("config"), get("split"), get("data_dir"), get("manual_dir"), build)
         )
-    if name == "quickstart":  # It builds its dataset when missing.
-        config, data_dir = get("dataset_config"), get("data_dir")
-        problems.append(_dataset_problem(config, None, data_dir, get("manual_dir"), True))
     return [p for p in problems if p is not None]

@@ -20,11 +20,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The quickstart with every stage, at the smallest sizes: 3 tasks, 1 call per episode, one
 # AAC step of 1 task x 2 episodes of at most 3 phases.
 REDUCED = (
-    "--gin.pau_jax.experiment.quickstart.eval_limit=3",
+    "--gin.eval/pau_jax.tasks.DatasetConfig.limit=3",
     "--gin.EVAL_CALL_BUDGET=1",
     "--gin.agent/pau_jax.policy.config.SamplingConfig.max_new_tokens=8",
     "--gin.judge/pau_jax.policy.config.SamplingConfig.max_new_tokens=8",
-    "--gin.pau_jax.experiment.quickstart.bootstrap_resamples=200",
+    "--gin.pau_jax.evaluation.score.ScoringConfig.bootstrap_resamples=200",
     "--gin.T_MAX=3",
     "--gin.pau_jax.env.episode.EpisodeConfig.call_budget=1",
     "--gin.pau_jax.rl.rollout.RolloutConfig.tasks_per_batch=1",
@@ -96,7 +96,8 @@ def test_quickstart_reduced_writes_every_artefact(tmp_path):
     config = (run_dir / "config.gin").read_text()
     assert "EVAL_CALL_BUDGET = 1" in config and "train.steps = 1" in config
     assert json.loads((run_dir / "run_info.json").read_text())["packages"]["jax"]
-    assert "quickstart.eval_limit = 3" in (run_dir / "operative_config.gin").read_text()
+    operative = (run_dir / "operative_config.gin").read_text()
+    assert re.search(r"eval/(pau_jax\.tasks\.)?DatasetConfig\.limit = 3", operative), operative
     # Compiled programs went to the persistent cache the launcher points JAX at.
     assert any((tmp_path / "xla_cache").iterdir())
 
