@@ -94,6 +94,7 @@ class Executor:
         self._cond = threading.Condition()
         self._idle: list[WorkerProcess] = []
         self._all: set[WorkerProcess] = set()
+        self._starting = 0  # Workers being started by `acquire` to refill a short pool.
         self._closed = False
         worker_process.remove_stale_directories()
         self._spawner = _Spawner()
@@ -277,41 +278,70 @@ class Executor:
                     f"a sandbox worker did not start within {self.config.start_timeout_s} s: {tail}"
                 )
 
-    def _retire(self, worker: WorkerProcess) -> None:
+    def _retire(self, worker: WorkerProcess, replaced: bool = False) -> None:
+        """Kills a worker and drops it from the pool.
+
+        Unless a replacement is being started (``replaced``), waiting callers are woken: the
+        pool is short of a worker, and the next `acquire` starts one.
+        """
         with self._cond:
             self._all.discard(worker)
+            if not replaced:
+                self._cond.notify_all()
         worker.kill()
+
+    def _short(self) -> None:
+        """Wakes waiting callers after a replacement failed to start."""
+        with self._cond:
+            self._cond.notify_all()
 
     def replace(self, worker: WorkerProcess) -> WorkerProcess:
         """Kills ``worker`` and starts another in its place (not ready yet)."""
-        self._retire(worker)
-        return self._spawn()
+        self._retire(worker, replaced=True)
+        try:
+            return self._spawn()
+        except BaseException:
+            self._short()
+            raise
 
     def acquire(self, block: bool, origin: str | None = None) -> WorkerProcess | None:
         """Takes an idle worker, waiting for one if ``block``; None if none is idle.
 
-        Prefers a worker that last ran ``origin``'s sources, then a fresh one.
+        Prefers a worker that last ran ``origin``'s sources, then a fresh one. When the pool
+        is short of workers (one retired whose replacement failed to start, or one that did
+        not start in time) and none is idle, starts one and returns it (not ready yet) rather
+        than wait for a worker that will never come back; raises SandboxError if it cannot.
         """
         with self._cond:
-            while not self._idle and block and not self._closed:
+            while True:
+                if self._closed:
+                    raise SandboxError("the Executor is closed; create a new one")
+                if self._idle:
+                    for wanted in (origin, None):
+                        for n in range(len(self._idle) - 1, -1, -1):
+                            if self._idle[n].origin == wanted:
+                                return self._idle.pop(n)
+                    return self._idle.pop()
+                if len(self._all) + self._starting < self.workers:
+                    self._starting += 1
+                    break
+                if not block:
+                    return None
                 self._cond.wait()
-            if self._closed:
-                raise SandboxError("the Executor is closed; create a new one")
-            if not self._idle:
-                return None
-            for wanted in (origin, None):
-                for n in range(len(self._idle) - 1, -1, -1):
-                    if self._idle[n].origin == wanted:
-                        return self._idle.pop(n)
-            return self._idle.pop()
+        try:
+            return self._spawn()
+        finally:
+            with self._cond:
+                self._starting -= 1
 
     def release(self, worker: WorkerProcess, busy: bool = False) -> None:
         """Returns a worker to the pool; one still running calls or with unread bytes is replaced."""
         if (busy or worker.has_input()) and not self._closed:
-            self._retire(worker)
+            self._retire(worker, replaced=True)
             try:
                 worker = self._spawn()
             except SandboxError:
+                self._short()
                 return
         with self._cond:
             if not self._closed and worker in self._all:
