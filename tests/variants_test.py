@@ -239,3 +239,19 @@ def test_the_held_out_preset_keeps_the_protocol_of_the_aac_run(parse):
         )
     assert gin.query_parameter("pau_jax.experiment.evaluate.modes") == ("interactive",)
     assert _make("pau_jax.tasks.DatasetConfig").limit == 12
+
+
+def test_the_40_task_preset_mixes_two_benchmarks_under_the_cpu_protocol(parse):
+    parse("eval/coder_cpu_40.gin")
+    dataset = _make("pau_jax.tasks.DatasetConfig")
+    assert (dataset.config, dataset.sources, dataset.per_source) == (
+        "default",
+        ("humaneval", "mbpp"),
+        20,
+    )
+    assert _make("pau_jax.env.episode.EpisodeConfig").call_budget == 4
+    assert gin.query_parameter("pau_jax.experiment.evaluate.modes") == ("interactive", "in_context")
+    for seat in ("policy", "judge", "coder"):
+        assert (
+            _make("pau_jax.policy.backends.LocalBackendConfig", scope=seat).decode_weights == "q8"
+        )

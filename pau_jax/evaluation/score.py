@@ -5,8 +5,10 @@ by chunk. A judge or coder that raises (e.g. `http.EndpointError`) stops the
 scoring: the chunk being scored is not written, and a rerun scores it again.
 """
 
+import contextlib
 import dataclasses
 import pathlib
+import time
 from collections.abc import Sequence
 
 from pau_jax.env import jsonl, runner
@@ -56,6 +58,15 @@ class ScoringConfig:
                 raise ValueError(f"ScoringConfig.{name} must be >= 1, got {getattr(self, name)}")
 
 
+@contextlib.contextmanager
+def _progress(what: str):
+    """One line when a grader stage starts and one with its seconds when it ends."""
+    print(f"[eval] {what} ...", flush=True)
+    started = time.perf_counter()
+    yield
+    print(f"[eval] {what}: done in {time.perf_counter() - started:.1f} s", flush=True)
+
+
 def score_episodes(
     records: Sequence[dict],
     references: dict[str, TaskReference],
@@ -90,14 +101,11 @@ def score_episodes(
     to_judge = [
         r for r in records if judge_policy is not None and references[r["task_id"]].description
     ]
-    verdicts = (
-        judge.judge(
-            judge_policy,
-            [(references[r["task_id"]].description, r["prediction"]) for r in to_judge],
-        )
-        if to_judge
-        else []
-    )
+    verdicts = []
+    if to_judge:
+        with _progress(f"judge: {len(to_judge)} descriptions"):
+            pairs = [(references[r["task_id"]].description, r["prediction"]) for r in to_judge]
+            verdicts = judge.judge(judge_policy, pairs)
     by_id = {r["task_id"]: v for r, v in zip(to_judge, verdicts, strict=True)}
     coder_prompts = []
     for r in records:
@@ -109,7 +117,10 @@ def score_episodes(
             else []
         )
         coder_prompts.append(code_match.coder_messages(ref.header, r["prediction"], shown))
-    codes = code_match.write_code(coder_policy, coder_prompts) if records else []
+    codes = []
+    if records:
+        with _progress(f"coder: {len(records)} descriptions to code"):
+            codes = code_match.write_code(coder_policy, coder_prompts)
     out = []
     for r, code in zip(records, codes, strict=True):
         ref = references[r["task_id"]]

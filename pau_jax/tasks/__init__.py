@@ -41,9 +41,12 @@ class DatasetConfig:
       config: builder config ('default', 'debug').
       split: 'test' or 'train'.
       data_dir: the TFDS data_dir it was built into.
-      limit: the first `limit` items (by task id, after `sources`); None: all.
+      limit: the first `limit` items (by task id, after `sources` and `per_source`); None:
+        all.
       sources: keep only items of these source benchmarks ('humaneval', 'mbpp',
         'cruxeval'); None: all.
+      per_source: keep the first `per_source` items (by task id) of each source, so a
+        small evaluation mixes the benchmarks; None: all.
       build_if_missing: build it into `data_dir` first when absent (from
         `manual_dir`, or the builder's dummy data for the debug config).
       manual_dir: folder of source files for `build_if_missing`.
@@ -54,8 +57,13 @@ class DatasetConfig:
     data_dir: str = "~/tensorflow_datasets"
     limit: int | None = None
     sources: tuple[str, ...] | None = None
+    per_source: int | None = None
     build_if_missing: bool = False
     manual_dir: str | None = None
+
+    def __post_init__(self):
+        if self.per_source is not None and self.per_source < 1:
+            raise ValueError(f"per_source must be >= 1 or None, got {self.per_source}")
 
     def load(self, executor, episode_config: EpisodeConfig):
         """(episode specs, task id -> ``TaskReference``) of the split's items (see ``load_tasks``)."""
@@ -73,6 +81,14 @@ class DatasetConfig:
                     f"(it has {sorted(known)})"
                 )
             records = [r for r in records if r.source in self.sources]
+        if self.per_source is not None:
+            taken: dict[str, int] = {}
+            kept = []
+            for record in records:
+                taken[record.source] = taken.get(record.source, 0) + 1
+                if taken[record.source] <= self.per_source:
+                    kept.append(record)
+            records = kept
         if self.limit is not None:
             records = records[: self.limit]
         return pau_dataset.from_records(records, episode_config)

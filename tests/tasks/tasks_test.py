@@ -108,3 +108,20 @@ def test_a_dataset_can_be_restricted_to_sources(data_dir):
                 ex,
                 EpisodeConfig(),
             )
+
+
+def test_per_source_takes_the_first_items_of_each_benchmark(data_dir):
+    from pau_jax.sandbox import Executor
+
+    records = tasks.load_split("debug", "test", data_dir)
+    dataset = DatasetConfig(
+        config="debug", data_dir=str(data_dir), sources=("humaneval", "mbpp"), per_source=2
+    )
+    with Executor(workers=1) as ex:
+        specs, references = load_tasks(dataset, ex, EpisodeConfig())
+    ids = [s.task.task_id for s in specs]
+    expected = [r.task_id for r in records if r.source == "humaneval"][:2]
+    expected += [r.task_id for r in records if r.source == "mbpp"][:2]
+    assert sorted(ids) == sorted(expected) and len(ids) == 4
+    with pytest.raises(ValueError, match="per_source must be >= 1"):
+        DatasetConfig(per_source=0)
