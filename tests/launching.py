@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -32,6 +33,13 @@ def launch(*args: str, cwd, timeout: float = 900) -> subprocess.CompletedProcess
     )
 
 
+def _interruptible() -> None:
+    """In the child before it runs: Ctrl-C as at a terminal, even when the tests themselves
+    were started in the background (``&`` and ``nohup`` leave SIGINT ignored, and a child
+    inherits that, so `launch` would rightly ignore it too)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(*args: str, cwd) -> subprocess.Popen:
     """`launch` started in the background: stdout and stderr are pipes (text)."""
     return subprocess.Popen(
@@ -41,6 +49,7 @@ def start(*args: str, cwd) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=_env(cwd),
+        preexec_fn=_interruptible,
     )
 
 

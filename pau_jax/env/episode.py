@@ -71,6 +71,13 @@ class EpisodeConfig:
       failed_input_display: what later prompts show for an input that did not
         parse: 'error' (``test_func(?) -> InputParseError: <why>``) or 'literal'
         (the released code: the agent's text pasted in as the call).
+      conversation: 'fresh' (each phase a new prompt with the whole history) or
+        'multi_turn' (one conversation, each phase's prompt the previous one plus its
+        reply and a user turn).
+      example_style: how the generation prompt shows the form of an input: 'values'
+        (an argument tuple shaped like the shown examples, every value changed) or
+        'placeholders' (the same shape with a ``<type>`` placeholder for each value,
+        which a copy cannot turn into a call).
     """
 
     call_budget: int = 25
@@ -82,6 +89,7 @@ class EpisodeConfig:
     input_format: str = "lenient"
     failed_input_display: str = "error"
     conversation: str = "fresh"
+    example_style: str = "values"
 
     def __post_init__(self):
         if self.call_budget < 1:
@@ -102,6 +110,11 @@ class EpisodeConfig:
         if self.display_mode not in DISPLAY_MODES:
             raise ValueError(
                 f"display_mode must be one of {DISPLAY_MODES}, got {self.display_mode!r}"
+            )
+        if self.example_style not in input_example.EXAMPLE_STYLES:
+            raise ValueError(
+                f"example_style must be one of {input_example.EXAMPLE_STYLES}, "
+                f"got {self.example_style!r}"
             )
         if self.conversation not in CONVERSATIONS:
             raise ValueError(
@@ -244,16 +257,20 @@ def view(state: EpisodeState, config: EpisodeConfig) -> prompts.EpisodeView:
         hypothesis=state.hypothesis,
         reasoning=state.reasoning if state.phase is Phase.GENERATE else "",
         n_params=state.task.n_params,
-        input_example=(
-            input_example.example_input(state.task.n_params, state.task.shown_args)
-            if state.phase is Phase.GENERATE
-            else ""
-        ),
+        input_example=_example(state, config) if state.phase is Phase.GENERATE else "",
+        example_is_form=config.example_style == "placeholders",
         calls_left=calls_left(state, config),
         newest_call=newest,
         prior_observations=prior,
         critique=state.task.critique if state.phase is Phase.CONCEPTUALIZE else "",
     )
+
+
+def _example(state: EpisodeState, config: EpisodeConfig) -> str:
+    """The generation prompt's example input, in the configured style."""
+    if config.example_style == "placeholders":
+        return input_example.placeholder_example(state.task.n_params, state.task.shown_args)
+    return input_example.example_input(state.task.n_params, state.task.shown_args)
 
 
 _BUILDERS = {

@@ -12,8 +12,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-# Where the generation prompt shows its example (prompts.generate_messages).
-_SHOWN = re.compile(r"For example:\n```\n(.*?)\n```", re.DOTALL)
+# Where the generation prompt shows its example (prompts.generate_messages), as values or
+# as the form with a placeholder for each value.
+_SHOWN = re.compile(r"(?:For example|The form to fill in):\n```\n(.*?)\n```", re.DOTALL)
+# How the generation prompt shows its example input (`EpisodeConfig.example_style`).
+EXAMPLE_STYLES = ("values", "placeholders")
 # Arguments of a fallback example when no shown example is known, cycled to the arity.
 _FALLBACK = (3, "abc", [1, 2], 2.5, True)
 
@@ -80,6 +83,42 @@ def example_input(n_params: int, shown_args: Sequence[tuple] = ()) -> str:
         if len(args) == n_params:
             return _literal(perturb(tuple(args)))
     return _literal([_FALLBACK[i % len(_FALLBACK)] for i in range(n_params)])
+
+
+def placeholder_example(n_params: int, shown_args: Sequence[tuple] = ()) -> str:
+    """The form of an argument tuple with a ``<type>`` placeholder for each value to choose.
+
+    Shaped like the shown examples (``argument_shapes``): ``([<int>, ...], <str>)`` for a list
+    of ints and a string; ``(<value>, <value>)`` when no shown example has ``n_params``
+    arguments. It holds no value a model could copy as a call: a copy does not parse.
+    """
+    shapes = argument_shapes(n_params, shown_args) or (("any",),) * n_params
+    parts = [_placeholder(shape) for shape in shapes]
+    if len(parts) == 1:
+        return f"({parts[0]},)"
+    return "(" + ", ".join(parts) + ")"
+
+
+def _placeholder(shape: tuple) -> str:
+    kind = shape[0]
+    if kind == "alt":
+        names = [_placeholder(s) for s in shape[1]]
+        if all(n.startswith("<") and n.endswith(">") for n in names):
+            return "<" + " or ".join(n[1:-1] for n in names) + ">"
+        return " or ".join(names)
+    if kind in ("int", "float", "str", "bytes", "bool"):
+        return f"<{kind}>"
+    if kind == "none":
+        return "None"
+    if kind == "list":
+        return f"[{_placeholder(shape[1])}, ...]"
+    if kind == "tuple":
+        return f"({_placeholder(shape[1])}, ...)"
+    if kind == "set":
+        return f"{{{_placeholder(shape[1])}, ...}}"
+    if kind == "dict":
+        return f"{{{_placeholder(shape[1])}: {_placeholder(shape[2])}, ...}}"
+    return "<value>"
 
 
 def _union(shapes: Sequence[tuple]) -> tuple:

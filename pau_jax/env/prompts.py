@@ -53,6 +53,8 @@ class EpisodeView:
       n_params: the function's number of arguments (None: not stated).
       input_example: the generation prompt's example argument tuple, of the
         function's arity ('' shows a generic one).
+      example_is_form: `input_example` is a form with a ``<...>`` placeholder for each
+        value (`input_example.placeholder_example`), shown as the form to fill in.
     """
 
     header: str
@@ -66,6 +68,7 @@ class EpisodeView:
     critique: str = ""
     n_params: int | None = None
     input_example: str = ""
+    example_is_form: bool = False
 
 
 def _format_observations(items: tuple[Observation, ...], empty: str = "(none yet)") -> str:
@@ -117,10 +120,19 @@ def _generate_instruction(view: EpisodeView) -> str:
     else:
         arity = f"as a Python tuple of exactly {n} literal{'s' if n != 1 else ''}"
     example = view.input_example or "(3, 'abc', [1, 2])"
-    return (
+    request = (
         f"Now write the arguments for the next call {arity}, one per parameter of the "
         "header, in a fenced block, and nothing else: no function definition, no code, "
-        f"no explanation. For example:\n```\n{example}\n```\n"
+        "no explanation."
+    )
+    if view.example_is_form:
+        return (
+            f"{request} The form to fill in:\n```\n{example}\n```\n"
+            "Write a literal value of your own in place of every <...>: the values your "
+            "plan needs. Do not repeat a call you have already made."
+        )
+    return (
+        f"{request} For example:\n```\n{example}\n```\n"
         "The example shows only the form: choose the values your plan needs, and do not "
         "repeat a call you have already made."
     )

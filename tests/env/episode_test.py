@@ -149,6 +149,22 @@ def test_bad_config_raises():
         EpisodeConfig(display_mode="json")
     with pytest.raises(ValueError, match="call_budget"):
         EpisodeConfig(call_budget=0)
+    with pytest.raises(ValueError, match="example_style"):
+        EpisodeConfig(example_style="hints")
+
+
+def test_the_placeholder_style_shows_a_form_and_values_stay_the_default():
+    import dataclasses
+
+    task = dataclasses.replace(make_task(), shown_args=((1, 2),))
+    prompts = {}
+    for style in ("values", "placeholders"):
+        config = EpisodeConfig(example_style=style)
+        state = episode.on_conceptualize(episode.start(task, config), "try zero", config)
+        prompts[style] = episode.messages(state, config)[-1]["content"]
+    assert "For example:\n```\n(4, 5)\n```" in prompts["values"]
+    assert "The form to fill in:\n```\n(<int>, <int>)\n```" in prompts["placeholders"]
+    assert EpisodeConfig().example_style == "values"
 
 
 def _calls_left_in_prompt(state, config) -> int:

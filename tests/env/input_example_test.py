@@ -55,3 +55,41 @@ def test_value_shapes_name_types_and_container_items():
     shapes = input_example.argument_shapes(2, [([1], "a"), ([], "b"), (3,)])
     assert shapes == (("alt", (("list", ("any",)), ("list", ("int",)))), ("str",))
     assert input_example.argument_shapes(2, [(1,)]) == ()
+
+
+def test_placeholder_forms_follow_the_shown_shapes():
+    form = input_example.placeholder_example
+    assert form(2, [([1.0, 2.5], 0.3)]) == "([<float>, ...], <float>)"
+    assert form(1, [("abc",)]) == "(<str>,)"
+    assert form(2, [({"a": 1}, None), ({"b": 2}, 3)]) == "({<str>: <int>, ...}, <int> or None)"
+    assert form(1, [((1, "a"),)]) == "((<int or str>, ...),)"
+    assert form(2, [({1, 2}, b"x")]) == "({<int>, ...}, <bytes>)"
+    # Without a shown example of the arity: one generic placeholder per argument.
+    assert form(3) == "(<value>, <value>, <value>)" and form(2, [(1,)]) == "(<value>, <value>)"
+
+
+@pytest.mark.parametrize("shown", [((1,),), (([1, 2], "a"),), (({"k": 1.5}, None, True),)])
+def test_a_copied_placeholder_form_is_not_a_call(shown):
+    text = input_example.placeholder_example(len(shown[0]), shown)
+    with pytest.raises(ValueError):
+        parse_call_args(text, len(shown[0]))
+
+
+def test_the_generation_prompt_shows_the_form_and_copies_of_it_are_counted():
+    from pau_jax.env import prompts
+
+    form = input_example.placeholder_example(2, [([1, 2], "a")])
+    view = prompts.EpisodeView(
+        header="def test_func(arg0, arg1):", examples=(), n_params=2, input_example=form
+    )
+    as_values = prompts.generate_messages(view)[-1]["content"]
+    as_form = prompts.generate_messages(
+        prompts.EpisodeView(
+            header=view.header, examples=(), n_params=2, input_example=form, example_is_form=True
+        )
+    )[-1]["content"]
+    assert "For example:" in as_values and "The form to fill in:" in as_form
+    assert f"```\n{form}\n```" in as_form and "in place of every <...>" in as_form
+    messages = [{"role": "user", "content": as_form}]
+    assert input_example.copies_example(messages, form)
+    assert not input_example.copies_example(messages, "([3, 4], 'b')")
