@@ -216,6 +216,10 @@ def _hook(root: str, own_pid: int):
     def hook(event, args):
         if event in harmless:
             return
+        if event == "object.__setattr__":
+            if args[0] is real_path and args[1] in sealed:
+                raise refuse("sandbox: changing the sandbox's own functions is not allowed")
+            return
         targets, opening, writing = (), False, True
         if event == "open":
             path, mode, flags = args
@@ -244,9 +248,6 @@ def _hook(root: str, own_pid: int):
         elif event == "os.kill":
             if args[0] != own_pid:
                 raise refuse("sandbox: signalling other processes (os.kill) is not allowed")
-        elif event == "object.__setattr__":
-            if args[0] is real_path and args[1] in sealed:
-                raise refuse("sandbox: changing the sandbox's own functions is not allowed")
         elif event == "sqlite3.connect":
             targets = ((args[0], False, "opening database"),)
         for path, entry, what in targets:
