@@ -188,6 +188,27 @@ def copies_example(messages, input_text: str) -> bool:
     return example is not None and _squash(input_text) == _squash(example)
 
 
+# The shown examples' lines of a prompt (prompts.conceptualize_messages and the others).
+_EXAMPLES = re.compile(r"Examples given to you:\n(.*?)(?:\n\n|\Z)", re.DOTALL)
+
+
+def repeats_shown_example(messages, call: str) -> bool:
+    """Whether a call (``test_func(...)``) is one of the shown examples its prompts listed.
+
+    Such a call adds nothing: its result is already on the page. Compared up to spacing.
+    """
+    shown = set()
+    for message in messages:
+        match = _EXAMPLES.search(message.get("content", ""))
+        if match:
+            shown |= {
+                re.sub(r"\s+", "", line.rsplit(" -> ", 1)[0])
+                for line in match.group(1).splitlines()
+                if " -> " in line
+            }
+    return bool(call) and re.sub(r"\s+", "", call) in shown
+
+
 def _squash(args_text: str) -> str:
     """Argument text without spaces, enclosing parentheses or a trailing comma."""
     return re.sub(r"\s+", "", args_text).removeprefix("(").removesuffix(")").rstrip(",")

@@ -149,6 +149,9 @@ def rates(episodes: Sequence[dict], scored: Sequence[dict] = (), *, replay: bool
                 input_classes[classify_input(step)] += 1
                 calls["ran"] += step.get("call_ok") is True
                 calls["copied"] += bool(step.get("parse_ok")) and copies_example(step)
+                calls["shown"] += input_example.repeats_shown_example(
+                    step.get("messages") or (), step.get("call") or ""
+                )
                 if replay:
                     for fmt in parse.INPUT_FORMATS:
                         replayed[fmt] += replay_input(step["output"], n_params, fmt)
@@ -171,6 +174,7 @@ def rates(episodes: Sequence[dict], scored: Sequence[dict] = (), *, replay: bool
         "calls": {
             "returned": _share(calls["ran"], phases["generate"][1]),
             "copied_example": calls["copied"],
+            "repeated_shown_example": calls["shown"],
             "distinct": len(distinct),
         },
     }
@@ -203,9 +207,10 @@ def markdown(results: dict[str, dict]) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| run | calls the function answered | copies of the prompt's example | distinct calls "
+        "| run | calls the function answered | copies of the prompt's example "
+        "| repeats of a shown example | distinct calls "
         "| input classes | revision classes | replies at the token limit |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         inputs = ", ".join(f"{k} {v}" for k, v in r["input_classes"].items())
@@ -213,7 +218,8 @@ def markdown(results: dict[str, dict]) -> str:
         limit = ", ".join(f"{k} {100 * v:.0f}%" for k, v in r["token_limit"].items())
         c = r["calls"]
         lines.append(
-            f"| {name} | {_percent(c['returned'])} | {c['copied_example']} | {c['distinct']} "
+            f"| {name} | {_percent(c['returned'])} | {c['copied_example']} "
+            f"| {c['repeated_shown_example']} | {c['distinct']} "
             f"| {inputs} | {revisions} | {limit} |"
         )
     if any("replay" in r for r in results.values()):

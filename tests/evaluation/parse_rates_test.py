@@ -120,3 +120,21 @@ def test_calls_that_ran_and_copies_of_the_prompt_example():
     assert r["calls"]["returned"] == {"accepted": 1, "total": 3, "rate": 1 / 3}
     assert r["calls"]["copied_example"] == 2
     assert r["calls"]["distinct"] == 2
+
+
+def test_calls_that_repeat_a_shown_example_are_counted():
+    first = (
+        "Function header:\ndef test_func(arg0, arg1):\n\nExamples given to you:\n"
+        "test_func([1.0, 2.5], 0.3) -> True\ntest_func([], 1) -> False\n\nYour calls so far:\n"
+    )
+    form = "Now write ... The form to fill in:\n```\n([<float>, ...], <float>)\n```\n"
+    messages = [{"role": "user", "content": first}, {"role": "user", "content": form}]
+
+    def generate(call):
+        args = call.removeprefix("test_func")
+        return _step("generate", args, True, input_text=args, call=call, messages=messages)
+
+    calls = ["test_func([1.0,2.5], 0.3)", "test_func([1.0, 2.5], 0.4)", "test_func([], 1)"]
+    r = parse_rates.rates([dict(EPISODE, steps=[generate(c) for c in calls])])
+    assert r["calls"]["repeated_shown_example"] == 2 and r["calls"]["copied_example"] == 0
+    assert "| repeats of a shown example |" in parse_rates.markdown({"run": r})
