@@ -119,6 +119,31 @@ def usable_prefix_cache(prefix_cache, mesh):
     return None
 
 
+def _share_prefixes(graphdef, state, layout, prefix_cache, cache_dtype) -> int:
+    """Prefills the prefixes the call's prompts share into `prefix_cache`; tokens prefilled.
+
+    The shared prefixes (`PrefixCache.warm_prompts`) are prefilled as one call of their own
+    (reusing what the cache already holds of them) and stored as entries, so that the
+    call's prompts then reuse them like any cached prefix: a prefix that k prompts share
+    costs one prefill instead of k.
+    """
+    warm = prefix_cache.warm_prompts(layout.prompts)
+    if not warm:
+        return 0
+    warm_layout = batching.layout_batch(warm, 1)
+    # Shared prefixes of the shared prefixes are prefilled once first, the same way (each
+    # level's prefixes are shorter than the last's, so this ends).
+    cache, stats = prefill_rows(graphdef, state, warm_layout, prefix_cache, 0, cache_dtype)
+    block = prefix_cache_lib.Block(tuple(cache.k), tuple(cache.v))
+    width = warm_layout.input_ids.shape[1]
+    stored = [
+        prefix_cache.add(p[:-1], block, row, width - (len(p) - 1)) for row, p in enumerate(warm)
+    ]
+    prefix_cache.stats["shared_prefixes"] += sum(stored)
+    _log.debug("shared prefixes: %d of %d stored, %s tokens", sum(stored), len(warm), stats)
+    return stats["prefill_tokens"]
+
+
 def prefill_rows(
     graphdef,
     state,
@@ -126,6 +151,7 @@ def prefill_rows(
     prefix_cache: prefix_cache_lib.PrefixCache | None,
     room: int,
     cache_dtype: jnp.dtype,
+    share: bool = True,
 ) -> tuple[kv_cache.KVCache, dict]:
     """The decode rows' cache with every prompt but its last token prefilled.
 
@@ -140,6 +166,8 @@ def prefill_rows(
       prefix_cache: a cache to reuse (bound to `state` and `cache_dtype` first), or None.
       room: the first decode segment's steps; the cache has S = W + room slots.
       cache_dtype: dtype of cached keys and values.
+      share: first prefill the prefixes several prompts share into `prefix_cache`
+        (`_share_prefixes`; its tokens and time are counted in the returned fields).
 
     Returns:
       (KVCache with B rows of S slots, the `SampleOutput` fields prefill_seconds,
@@ -147,9 +175,11 @@ def prefill_rows(
     """
     start = time.perf_counter()
     cache_len = layout.input_ids.shape[1] + room
-    reuse = None
+    reuse, warmed = None, 0
     if prefix_cache is not None:
         prefix_cache.bind(state, cache_dtype)
+        if share:
+            warmed = _share_prefixes(graphdef, state, layout, prefix_cache, cache_dtype)
         reuse = prefix_cache.plan_reuse(layout)
     runtime.CALLS["prefill"] += 1
     runtime.CALLS["prefill_rows"] += layout.input_ids.shape[0]
@@ -181,6 +211,7 @@ def prefill_rows(
         )
     jax.block_until_ready(cache)
     seconds = time.perf_counter() - start
+    prefill_tokens += warmed
     runtime.CALLS["prefill_tokens"] += prefill_tokens
     runtime.CALLS["reused_tokens"] += reused_tokens
     return cache, dict(

@@ -106,15 +106,20 @@ class PrefixCache:
         recently used entries are dropped beyond it.
       min_reuse: a match shorter than this many tokens is not reused (the prompt is
         prefilled whole); reusing a handful of tokens saves less than it costs.
+      share_within_call: prefill a prefix that several prompts of one call share once,
+        before them (`warm_prompts`), so each of them prefills only what follows it: a
+        grader's instructions ahead of every item, an agent's system prompt ahead of
+        every task. Off: prompts of one call reuse only what earlier calls cached.
     """
 
-    def __init__(self, max_bytes: int, min_reuse: int = 32):
+    def __init__(self, max_bytes: int, min_reuse: int = 32, *, share_within_call: bool = True):
         if max_bytes < 0 or min_reuse < 1:
             raise ValueError(
                 f"max_bytes must be >= 0 and min_reuse >= 1, got {max_bytes} and {min_reuse}"
             )
         self.max_bytes = max_bytes
         self.min_reuse = min_reuse
+        self.share_within_call = share_within_call
         self._entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()
         self._next_id = 0
         self._weights: list | None = None
@@ -182,6 +187,27 @@ class PrefixCache:
             return None, 0
         self._entries.move_to_end(best)
         return self._entries[best], best_len
+
+    def warm_prompts(self, prompts) -> list[list[int]]:
+        """Prompts whose prefill caches the prefixes `prompts` share beyond what is cached.
+
+        A prefix counts when at least two prompts start with it, it is at least `min_reuse`
+        tokens longer than this cache's match for it, and no longer shared prefix extends
+        it (a match against a longer entry covers the shorter prefix too). Each warm prompt
+        is the prefix plus the token after it, since a prefill caches all but the last
+        token. Empty when `share_within_call` is off.
+
+        Args:
+          prompts: the call's distinct prompts (token ids).
+        """
+        if not self.share_within_call or len(prompts) < 2:
+            return []
+        found = {}
+        for prefix, nxt in shared_prefixes(prompts, self.min_reuse):
+            _, cached = self.match(prefix + [nxt])
+            if len(prefix) - cached >= self.min_reuse:
+                found[tuple(prefix)] = prefix + [nxt]
+        return list(found.values())
 
     def add(self, tokens, block: Block, row: int, start: int) -> bool:
         """Stores one sequence; drops entries it extends and the oldest beyond the budget.
@@ -297,6 +323,35 @@ class PrefixCache:
             block, sequences = block.first_rows(fit), sequences[:fit]
         for row, (ids, start) in enumerate(sequences):
             self.add(ids, block, row, start)
+
+
+def shared_prefixes(prompts, min_len: int) -> list[tuple[list[int], int]]:
+    """The longest prefixes of at least `min_len` tokens that two or more prompts share.
+
+    Sorted, two prompts sharing a prefix are neighbours or have neighbours between them
+    that share it too, so the longest prefixes shared by neighbours are all there are. A
+    prefix that a longer one found extends is left out. Each stops one token before the
+    shorter prompt's end (its last token is fed to the decode, never cached).
+
+    Args:
+      prompts: token-id sequences.
+      min_len: the shortest prefix returned.
+
+    Returns:
+      (prefix, the token after it in one of the prompts) pairs.
+    """
+    ordered = sorted(tuple(p) for p in prompts)
+    found: dict[tuple[int, ...], int] = {}
+    for a, b in zip(ordered, ordered[1:]):
+        limit = min(len(a), len(b)) - 1
+        x, y = np.asarray(a[:limit], np.int64), np.asarray(b[:limit], np.int64)
+        differ = np.flatnonzero(x != y)
+        n = int(differ[0]) if len(differ) else limit
+        if n >= min_len:
+            found.setdefault(a[:n], a[n])
+    keys = sorted(found, key=len, reverse=True)
+    kept = [k for i, k in enumerate(keys) if not any(m[: len(k)] == k for m in keys[:i])]
+    return [(list(k), found[k]) for k in kept]
 
 
 @functools.partial(jax.jit, static_argnames=("width",))

@@ -161,9 +161,8 @@ def test_a_reusing_call_has_the_cache_layout_of_a_plain_call(tiny_model):
         e.tokens[: len(e.tokens) - len(t) + 1].tolist()
         for e, t in zip(entries, outs[-1].tokens, strict=True)
     ]
-    plain = prefix_cache.PrefixCache(
-        max_bytes=ROOMY, min_reuse=8
-    )  # empty: the same prompts prefilled whole
+    # Empty and not sharing within the call: the same prompts prefilled whole.
+    plain = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8, share_within_call=False)
     generate(tiny_model, prompts, max_new_tokens=NEW, prefix_cache=plain, seed=1)
     twins = sorted(plain._entries.values(), key=lambda e: e.row)
     assert plain.stats["hits"] == 0
@@ -261,3 +260,63 @@ def test_eviction_frees_a_whole_block():
     cache.add([4] * 10, _block(1, 64), 0, 0)  # over budget: block's two entries go together
     assert cache.stats["evictions"] == 1 and len(cache) == 2
     assert cache.match([2] * 11)[1] == 10 and cache.match([3] * 11) == (None, 0)
+
+
+def test_shared_prefixes_are_the_longest_per_branch():
+    a = list(range(1, 41))
+    prompts = [
+        a + [50, 51, 52, 7],  # with the next one: a + [50, 51, 52] (43 tokens)
+        a + [50, 51, 52, 8, 9],
+        a + [60] * 5,  # shares only `a` with the others: covered by the 43-token prefix
+        [99] * 30,  # shares nothing
+        a[:10] + [3] * 40,  # shares 10 tokens: below min_len
+    ]
+    found = prefix_cache.shared_prefixes(prompts, min_len=16)
+    assert found == [(a + [50, 51, 52], 7)]
+    # Two separate branches each give their own prefix, sorted longest first.
+    b = [77] * 20
+    found = prefix_cache.shared_prefixes([a + [1, 2], a + [1, 3], b + [4, 5], b + [4, 6]], 16)
+    assert found == [(a + [1], 2), (b + [4], 5)]
+    # A prompt that is a prefix of another stops one token before its own end.
+    assert prefix_cache.shared_prefixes([a, a + [5, 6]], 16) == [(a[:-1], a[-1])]
+    assert prefix_cache.shared_prefixes([a], 16) == []
+
+
+def test_prompts_of_one_call_prefill_their_shared_prefix_once(tiny_model):
+    """Four prompts sharing a 60-token head: with sharing, the head is prefilled once and
+    each prompt reuses it, and every row samples what a call without any cache samples."""
+    head = RNG.integers(1, 128, 60).tolist()
+    prompts = [head + RNG.integers(1, 128, n).tolist() for n in (3, 7, 12, 20)]
+    settings = dict(max_new_tokens=NEW, n_samples=2, temperature=0.7, seed=3)
+    plain = generate(tiny_model, prompts, **settings)
+    shared = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8)
+    alone = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8, share_within_call=False)
+    with_sharing = generate(tiny_model, prompts, prefix_cache=shared, **settings)
+    without = generate(tiny_model, prompts, prefix_cache=alone, **settings)
+    whole = sum(len(p) - 1 for p in prompts)
+    assert without.prefill_tokens == whole and without.reused_tokens == 0
+    assert with_sharing.reused_tokens == 4 * 60
+    assert with_sharing.prefill_tokens == whole - 3 * 60  # the head once, then the rest
+    assert shared.stats["shared_prefixes"] == 1
+    for out in (with_sharing, without):
+        assert out.tokens == plain.tokens
+        for x, y in zip(out.plain_logprobs, plain.plain_logprobs, strict=True):
+            np.testing.assert_allclose(x, y, atol=1e-5)
+    # The head's entry is superseded by the rows that extend it (no orphan block kept).
+    assert all(len(e.tokens) > 60 for e in shared._entries.values())
+    # A second call with the same head finds it cached: nothing is prefilled twice.
+    again = generate(tiny_model, [head + [5] * 9, head + [6] * 4], prefix_cache=shared, **settings)
+    assert shared.stats["shared_prefixes"] == 1 and again.reused_tokens == 2 * 60
+
+
+def test_branches_of_a_shared_head_prefill_the_head_once(tiny_model):
+    """Two branches that share a head: the head is prefilled once, then each branch."""
+    head, a, b = (RNG.integers(1, 128, n).tolist() for n in (50, 20, 20))
+    prompts = [head + a + [1, 2], head + a + [3, 4, 5], head + b + [6], head + b + [7, 8]]
+    cache = prefix_cache.PrefixCache(max_bytes=ROOMY, min_reuse=8)
+    out = generate(tiny_model, prompts, max_new_tokens=4, prefix_cache=cache)
+    plain = generate(tiny_model, prompts, max_new_tokens=4)
+    suffixes = sum(len(p) - 1 - 70 for p in prompts)
+    assert out.prefill_tokens == 50 + 2 * 20 + suffixes
+    assert cache.stats["shared_prefixes"] == 3  # the head, then the two branches
+    assert out.tokens == plain.tokens
