@@ -98,28 +98,15 @@ class EpisodeConfig:
             raise ValueError(f"max_steps must be >= 1 or None, got {self.max_steps}")
         if self.history_window is not None and self.history_window < 1:
             raise ValueError(f"history_window must be >= 1 or None, got {self.history_window}")
-        if self.input_format not in parse.INPUT_FORMATS:
-            raise ValueError(
-                f"input_format must be one of {parse.INPUT_FORMATS}, got {self.input_format!r}"
-            )
-        if self.failed_input_display not in FAILED_INPUT_DISPLAYS:
-            raise ValueError(
-                f"failed_input_display must be one of {FAILED_INPUT_DISPLAYS}, "
-                f"got {self.failed_input_display!r}"
-            )
-        if self.display_mode not in DISPLAY_MODES:
-            raise ValueError(
-                f"display_mode must be one of {DISPLAY_MODES}, got {self.display_mode!r}"
-            )
-        if self.example_style not in input_example.EXAMPLE_STYLES:
-            raise ValueError(
-                f"example_style must be one of {input_example.EXAMPLE_STYLES}, "
-                f"got {self.example_style!r}"
-            )
-        if self.conversation not in CONVERSATIONS:
-            raise ValueError(
-                f"conversation must be one of {CONVERSATIONS}, got {self.conversation!r}"
-            )
+        for name, allowed in (
+            ("input_format", parse.INPUT_FORMATS),
+            ("failed_input_display", FAILED_INPUT_DISPLAYS),
+            ("display_mode", DISPLAY_MODES),
+            ("example_style", input_example.EXAMPLE_STYLES),
+            ("conversation", CONVERSATIONS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.conversation == "multi_turn" and self.history_window is not None:
             raise ValueError(
                 f"history_window={self.history_window} needs conversation='fresh': a "
