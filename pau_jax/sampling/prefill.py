@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from pau_jax.models import kv_cache
+from pau_jax.models import kv_cache, sharding
 from pau_jax.sampling import batching, runtime
 from pau_jax.sampling import prefix_cache as prefix_cache_lib
 
@@ -108,6 +108,50 @@ def _prefill_extend(
     return runtime.constrain_cache(kv_cache.grow(_to_rows(cache, row_source), cache_len))
 
 
+# A prefill computes attention scores for every query and key position of its rows at
+# once: rows are prefilled in chunks of at most this many (query x key) positions per row
+# chunk and head (14 heads of float32 scores: ~470 MB) ...
+SCORE_POSITIONS = 1 << 23
+# ... of at least this many query positions where the rows allow (smaller matrix products
+# run below the CPU's speed), and small enough that few rows are batch padding: chunks
+# that hold only padding are not computed.
+MIN_CHUNK_QUERIES = 512
+
+
+def chunk_rows(height: int, num_real: int, queries: int, keys: int) -> int:
+    """Rows per prefill chunk: a power of two that divides `height`, or `height` itself.
+
+    Args:
+      height: the prefill's rows (`batching.BATCH_BUCKET`: a power of two up to its
+        granularity, then multiples of it), of which the first `num_real` are prompts.
+      queries, keys: positions a row computes and attends over.
+    """
+
+    def floor2(n: int) -> int:
+        return 1 << (max(1, n).bit_length() - 1)
+
+    fit = floor2(SCORE_POSITIONS // max(1, queries * keys))
+    efficient = 1 << max(0, -(-MIN_CHUNK_QUERIES // max(1, queries)) - 1).bit_length()
+    rows = min(fit, max(efficient, floor2(-(-num_real // 4))))
+    return height if rows >= height else min(rows, batching.BATCH_BUCKET["granularity"])
+
+
+def _in_chunks(run, arrays, height: int, num_real: int, chunk: int) -> kv_cache.KVCache:
+    """`run` on each chunk of `chunk` rows of `arrays` (pytrees of [height, ...] arrays),
+    concatenated; chunks past the `num_real` real rows are empty (zeros, masked out)."""
+    parts = []
+    for lo in range(0, min(height, -(-num_real // chunk) * chunk), chunk):
+        parts.append(run(*jax.tree.map(lambda x, lo=lo: x[lo : lo + chunk], arrays)))
+    parts += [jax.tree.map(jnp.zeros_like, parts[0])] * (height // chunk - len(parts))
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *parts)
+
+
+@jax.jit
+def _copy_rows(cache: kv_cache.KVCache, row_source) -> kv_cache.KVCache:
+    """Each decode row's copy of its prompt's cache, placed as the prefill programs place it."""
+    return runtime.constrain_cache(_to_rows(cache, row_source))
+
+
 def usable_prefix_cache(prefix_cache, mesh):
     """`prefix_cache`, or None under a device mesh (logged), where prompts are prefilled whole."""
     if mesh is None or prefix_cache is None:
@@ -182,33 +226,37 @@ def prefill_rows(
             warmed = _share_prefixes(graphdef, state, layout, prefix_cache, cache_dtype)
         reuse = prefix_cache.plan_reuse(layout)
     runtime.CALLS["prefill"] += 1
-    runtime.CALLS["prefill_rows"] += layout.input_ids.shape[0]
+    height, width = layout.input_ids.shape
     row_source = None if layout.rows_are_prompts else jnp.asarray(layout.row_source)
     if reuse is None:
         prefill_tokens, reused_tokens = sum(len(p) - 1 for p in layout.prompts), 0
-        cache = _prefill(
-            graphdef,
-            state,
-            jnp.asarray(layout.input_ids),
-            jnp.asarray(layout.mask),
-            row_source,
-            cache_len=cache_len,
-            cache_dtype=cache_dtype,
-        )
+        arrays = (jnp.asarray(layout.input_ids), jnp.asarray(layout.mask))
+        queries = width
+
+        def run(rows, input_ids, mask):
+            return _prefill(
+                graphdef, state, input_ids, mask, rows, cache_len=cache_len, cache_dtype=cache_dtype
+            )
     else:
         prefill_tokens, reused_tokens = int(reuse.suffix_mask.sum()), int(reuse.starts.sum())
-        cache = _prefill_extend(
-            graphdef,
-            state,
-            reuse.prefix_k,
-            reuse.prefix_v,
-            jnp.asarray(reuse.prefix_mask),
-            jnp.asarray(reuse.suffix_ids),
-            jnp.asarray(reuse.suffix_mask),
-            jnp.asarray(reuse.starts),
-            row_source,
-            cache_len=cache_len,
+        arrays = (reuse.prefix_k, reuse.prefix_v) + tuple(
+            jnp.asarray(x)
+            for x in (reuse.prefix_mask, reuse.suffix_ids, reuse.suffix_mask, reuse.starts)
         )
+        queries = reuse.suffix_ids.shape[1]
+
+        def run(rows, *arrays):
+            return _prefill_extend(graphdef, state, *arrays, rows, cache_len=cache_len)
+
+    chunk = height
+    if sharding.mesh_of(state) is None:
+        chunk = chunk_rows(height, layout.num_distinct, queries, width)
+    if chunk == height:
+        cache = run(row_source, *arrays)
+    else:
+        cache = _in_chunks(functools.partial(run, None), arrays, height, layout.num_distinct, chunk)
+        cache = cache if row_source is None else _copy_rows(cache, row_source)
+    runtime.CALLS["prefill_rows"] += min(height, -(-layout.num_distinct // chunk) * chunk)
     jax.block_until_ready(cache)
     seconds = time.perf_counter() - start
     prefill_tokens += warmed
