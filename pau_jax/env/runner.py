@@ -24,6 +24,7 @@ conversation the previous reply's token ids ride on its assistant message
 recorded messages stay plain text.
 """
 
+import collections
 import concurrent.futures
 import dataclasses
 import os
@@ -200,6 +201,7 @@ def run_episode_states(
     call_timeout_s: float = 2.0,
     max_parallel_calls: int = 8,
     progress: bool = True,
+    max_active: int | None = None,
 ) -> list[FinishedEpisode]:
     """Runs every episode to the end; returns the episodes run now, in the order they finished.
 
@@ -214,6 +216,10 @@ def run_episode_states(
       call_timeout_s: wall-clock limit of one sandbox call.
       max_parallel_calls: threads issuing sandbox calls at once.
       progress: print a progress line (episodes done, episodes/s) to stderr.
+      max_active: at most this many episodes in one policy call; the next one starts
+        as one ends (in the order of `specs`), which bounds the memory of a call on a
+        long task list. None: every episode at once. A greedy policy's replies depend
+        on it only through float rounding; a sampling policy's draws follow its rows.
 
     Raises:
       What the policy raises (e.g. `http.EndpointError`), after the episodes
@@ -222,21 +228,31 @@ def run_episode_states(
     ids = [s.episode_id for s in specs]
     if len(set(ids)) != len(ids):
         raise ValueError("episode ids passed to run_episodes must be unique")
+    if max_active is not None and max_active < 1:
+        raise ValueError(f"max_active must be >= 1 or None, got {max_active}")
     path = pathlib.Path(out_path) if out_path is not None else None
     skip = set()
     if path is not None:
         jsonl.prepare(path, required=RECORD_KEYS)
         skip = finished_ids(path)
     by_id = {s.episode_id: s for s in specs}
-    active = {
-        s.episode_id: episode.start(s.task, config) for s in specs if s.episode_id not in skip
-    }
-    replies: dict[str, list] = {eid: [] for eid in active}
-    started = {eid: time.perf_counter() for eid in active}
+    waiting = collections.deque(s for s in specs if s.episode_id not in skip)
+    limit = max_active or max(len(waiting), 1)
+    active: dict[str, EpisodeState] = {}
+    replies: dict[str, list] = {}
+    started: dict[str, float] = {}
+
+    def admit():
+        while waiting and len(active) < limit:
+            spec = waiting.popleft()
+            active[spec.episode_id] = episode.start(spec.task, config)
+            replies[spec.episode_id], started[spec.episode_id] = [], time.perf_counter()
+
     finished = []
-    total, t0 = len(active), time.perf_counter()
+    total, t0 = len(waiting), time.perf_counter()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_parallel_calls)
     try:
+        admit()
         while active:
             order = list(active)
             conversations = [_conversation(active[e], replies[e], config) for e in order]
@@ -269,6 +285,7 @@ def run_episode_states(
                 finished.append(done)
                 if path is not None:
                     jsonl.append(path, [done.record])
+            admit()
             if progress and total:
                 rate = len(finished) / max(time.perf_counter() - t0, 1e-9)
                 print(
@@ -294,6 +311,7 @@ def run_episodes(
     call_timeout_s: float = 2.0,
     max_parallel_calls: int = 8,
     progress: bool = True,
+    max_active: int | None = None,
 ) -> list[dict]:
     """Runs every episode to the end; returns the JSON records of the episodes run now.
 
@@ -308,6 +326,7 @@ def run_episodes(
         call_timeout_s=call_timeout_s,
         max_parallel_calls=max_parallel_calls,
         progress=progress,
+        max_active=max_active,
     )
     return [f.record for f in finished]
 

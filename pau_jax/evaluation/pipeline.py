@@ -92,6 +92,8 @@ def _check_arguments(modes: tuple[str, ...], options: Options) -> None:
         raise ValueError(f"{what}modes must be a non-empty subset of {MODES}, got {modes}")
     if not isinstance(options.scoring, ScoringConfig):
         raise TypeError(f"scoring must be a ScoringConfig, got {type(options.scoring).__name__}")
+    if options.batch_size is not None and options.batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None, got {options.batch_size}")
     strays = sorted(set(options.baselines) - set(REGISTRY))
     if strays:
         raise ValueError(f"baselines are keyed by mode name ({MODES}); unknown: {strays}")
@@ -124,7 +126,7 @@ def _fingerprint(modes, options: Options, judge, coder) -> dict:
 
     Left out, as they may change when a run resumes: the wall-clock limits of a call
     (`call_timeout_s`, `ScoringConfig.timeout_s`: they depend on the machine), the batching
-    and parallelism (`max_parallel_calls`, `in_context_batch_size`, `ScoringConfig.batch_size`,
+    and parallelism (`max_parallel_calls`, `batch_size`, `ScoringConfig.batch_size`,
     `sandbox_workers`) and what every run computes afresh from the records
     (`ScoringConfig.bootstrap_*`, `title`); and the fields of
     `run_claim.RESUMABLE_FIELDS`. The agent counts only when a mode runs it or it is the
@@ -321,7 +323,7 @@ def evaluate(
     sandbox_workers: int = 2,
     call_timeout_s: float = 2.0,
     max_parallel_calls: int = 8,
-    in_context_batch_size: int | None = None,
+    batch_size: int | None = None,
     title: str = "PAU evaluation",
 ) -> dict:
     """Runs the PAU protocol and writes episodes, scores, metrics and a report into `run_dir`.
@@ -349,7 +351,9 @@ def evaluate(
       sandbox_workers: worker processes of the sandbox.
       call_timeout_s: wall-clock limit of one sandboxed call of an episode.
       max_parallel_calls: sandbox calls in flight at once during episodes.
-      in_context_batch_size: tasks per policy call in in-context mode (None: all).
+      batch_size: at most this many episodes (interactive: episodes in flight, the next
+        starting as one ends) or tasks (in-context) in one policy call; None: all at once.
+        Bounds a call's memory on a long task list.
       title: heading of report.md.
 
     Returns:
@@ -371,7 +375,7 @@ def evaluate(
         call_timeout_s=call_timeout_s,
         max_parallel_calls=max_parallel_calls,
         scoring=scoring,
-        in_context_batch_size=in_context_batch_size,
+        batch_size=batch_size,
         baselines=dict(baselines or {}),
     )
     _check_arguments(modes, options)

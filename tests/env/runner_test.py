@@ -105,6 +105,21 @@ def test_batched_equals_one_at_a_time(specs, executor):
     assert all(r["finish_reason"] == "budget" for r in batched)
 
 
+def test_at_most_max_active_episodes_share_a_call_and_the_rest_follow(specs, executor):
+    """Two episodes in flight: a new one starts as one ends, the records are those of a
+    run of all at once, and no call holds more than two conversations."""
+    config = EpisodeConfig(call_budget=3)
+    together = runner.run_episodes(
+        specs, ScriptedPolicy(stop_after=2), executor, config, progress=False
+    )
+    policy = ScriptedPolicy(stop_after=2)
+    records = runner.run_episodes(specs, policy, executor, config, progress=False, max_active=2)
+    assert _strip_timing(records) == _strip_timing(together)
+    assert max(policy.batch_sizes) == 2 and len(policy.batch_sizes) > 6
+    with pytest.raises(ValueError, match="max_active must be >= 1"):
+        runner.run_episodes(specs, policy, executor, config, progress=False, max_active=0)
+
+
 def test_resume_skips_finished_and_survives_a_torn_line(specs, executor, tmp_path):
     out = tmp_path / "episodes.jsonl"
     config = EpisodeConfig()

@@ -28,7 +28,7 @@ class Options:
         from `dataset`).
       episode_config, call_timeout_s, max_parallel_calls: how episodes run.
       scoring: how runs are scored (`score.ScoringConfig`).
-      in_context_batch_size: tasks per policy call in the in-context modes.
+      batch_size: episodes or tasks per policy call (`pipeline.evaluate`).
       baselines: mode name -> that baseline's own settings (the memory baseline's
         `MemoryConfig`, the ft baseline's adapter trainer); each mode reads its entry.
     """
@@ -41,7 +41,7 @@ class Options:
     call_timeout_s: float
     max_parallel_calls: int
     scoring: score.ScoringConfig
-    in_context_batch_size: int | None
+    batch_size: int | None
     baselines: Mapping[str, Any]
 
 

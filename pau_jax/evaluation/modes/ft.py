@@ -48,7 +48,7 @@ def run(context: Context) -> ModeRun:
         context.specs,
         agent,
         out_path=episodes_path(context, "ft"),
-        batch_size=options.in_context_batch_size,
+        batch_size=options.batch_size,
         mode="ft",
     )
     baseline = {"adapter": str(adapter), "train_pairs": len(pairs)}

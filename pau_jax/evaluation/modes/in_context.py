@@ -10,7 +10,7 @@ def run(context: Context) -> ModeRun:
         context.specs,
         context.agent,
         out_path=episodes_path(context, "in_context"),
-        batch_size=context.options.in_context_batch_size,
+        batch_size=context.options.batch_size,
     )
     return ModeRun(runs=score_episodes(context, "in_context"))
 

@@ -15,6 +15,7 @@ def run(context: Context) -> ModeRun:
         out_path=episodes_path(context, "interactive"),
         call_timeout_s=options.call_timeout_s,
         max_parallel_calls=options.max_parallel_calls,
+        max_active=options.batch_size,
     )
     return ModeRun(runs=score_episodes(context, "interactive"))
 
