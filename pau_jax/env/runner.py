@@ -191,6 +191,20 @@ def _finished(spec: EpisodeSpec, state: EpisodeState, replies: list, seconds: fl
     )
 
 
+def _on_reply(state: EpisodeState, reply, replies: list, config: EpisodeConfig):
+    """The state after one reply (appended to `replies`), and the arguments to call, if any."""
+    if getattr(reply, "finish_reason", None) == "prompt_length":
+        # The policy refused the prompt as too long: the episode ends, no step.
+        return episode.on_prompt_too_long(state, config), None
+    replies.append(reply)
+    text = _text(reply)
+    if state.phase is Phase.CONCEPTUALIZE:
+        return episode.on_conceptualize(state, text, config), None
+    if state.phase is Phase.GENERATE:
+        return episode.on_generate(state, text, config)
+    return episode.on_revise(state, text, config), None
+
+
 def run_episode_states(
     specs: Sequence[EpisodeSpec],
     policy,
@@ -260,23 +274,11 @@ def run_episode_states(
             outputs = policy.complete(conversations, answers=answers)
             calls = {}
             for eid, reply in zip(order, outputs, strict=True):
-                state, text = active[eid], _text(reply)
-                if getattr(reply, "finish_reason", None) == "prompt_length":
-                    # The policy refused the prompt as too long: the episode ends, no step.
-                    active[eid] = episode.on_prompt_too_long(state, config)
-                    continue
-                replies[eid].append(reply)
-                if state.phase is Phase.CONCEPTUALIZE:
-                    active[eid] = episode.on_conceptualize(state, text, config)
-                elif state.phase is Phase.GENERATE:
-                    state, args = episode.on_generate(state, text, config)
-                    active[eid] = state
-                    if args is not None:
-                        calls[eid] = pool.submit(
-                            executor.call, by_id[eid].code, args, timeout_s=call_timeout_s
-                        )
-                else:
-                    active[eid] = episode.on_revise(state, text, config)
+                active[eid], args = _on_reply(active[eid], reply, replies[eid], config)
+                if args is not None:
+                    calls[eid] = pool.submit(
+                        executor.call, by_id[eid].code, args, timeout_s=call_timeout_s
+                    )
             for eid, future in calls.items():
                 active[eid] = episode.on_result(active[eid], future.result(), config)
             for eid in [e for e in order if active[e].phase is Phase.DONE]:
