@@ -83,7 +83,8 @@ class LocalBackendConfig:
       prefix_cache_gib: memory for the keys and values of earlier prompts and replies, so
         that each phase of an episode prefills only what was appended to its conversation
         (`pau_jax.sampling.prefix_cache`; default `config.DEFAULT_PREFIX_CACHE_GIB`); 0
-        prefills every prompt whole.
+        prefills every prompt whole. Seats built by one `Backends` on the same model and
+        budget share one cache (a judge and a coder on one checkpoint: one budget, not two).
       decode_weights: what the sampler's decode steps read: 'float32' (the weights as
         loaded) or 'q8' (an 8-bit copy made at load, `pau_jax.models.quantization`; on a
         CPU without the kernel, one log line and float32).
@@ -113,7 +114,10 @@ class LocalBackendConfig:
         path = pathlib.Path(self.checkpoint_dir).expanduser()
         key = (str(path), self.adapter_dir, self.dtype, self.tokenizer, self.decode_weights)
         model, tokenizer = backends.shared(key, lambda: self._load(path))
-        cache = prefix_cache(self.prefix_cache_gib)
+        # Seats on one model (a judge and a coder on one checkpoint) share one cache: the keys
+        # and values of a token sequence do not depend on the seat, and one budget bounds them.
+        gib = self.prefix_cache_gib
+        cache = backends.shared(("prefix_cache", key, gib), lambda: prefix_cache(gib))
         return LocalPolicy(model, tokenizer, self.sampling, prefix_cache=cache)
 
     def _load(self, path: pathlib.Path):

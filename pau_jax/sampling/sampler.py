@@ -140,6 +140,8 @@ def generate(
     if prefix_cache is not None:
         prefix_cache.store_rows(carry["cache"], layout, tokens, lengths)
     trace = np.asarray(carry["trace"]) if automaton is not None else None
+    del carry, cache, results  # freed before the heap's free pages go back to the OS
+    runtime.release_freed_memory()
     return _assemble(
         tokens, logprobs, plain, lengths, stopped, layout, decode, stop_strings, trace, **stats
     )

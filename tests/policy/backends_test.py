@@ -71,6 +71,14 @@ def test_local_seats_on_one_checkpoint_share_one_model(tmp_path):
     assert first.model is second.model  # one copy of the weights for both seats
     assert second.sampling.max_new_tokens == 8 and second.prefix_cache is None
     assert backends.build_policy(agent).model is not first.model  # the cache is per `Backends`
+    # Seats on one model and budget share one prefix cache; another budget has its own.
+    coder = dataclasses.replace(agent, sampling=SamplingConfig(max_new_tokens=16))
+    third = seats.build(coder)
+    assert first.prefix_cache is not None and third.prefix_cache is first.prefix_cache
+    assert third.prefix_cache.max_bytes == int(backends.DEFAULT_PREFIX_CACHE_GIB * 2**30)
+    fourth = seats.build(dataclasses.replace(agent, prefix_cache_gib=0.5))
+    assert fourth.prefix_cache is not first.prefix_cache
+    assert fourth.prefix_cache.max_bytes == 2**29
 
 
 def test_resolve_seat():
