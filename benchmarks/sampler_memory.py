@@ -108,7 +108,8 @@ def main():
     for release in ("off", "on"):
         command = [sys.executable, "-u", __file__, "--arm", release]
         command += ["--checkpoint", args.checkpoint, "--calls", str(args.calls)]
-        rows = json.loads(subprocess.run(command, check=True, capture_output=True).stdout)
+        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        rows = json.loads(out.strip().splitlines()[-1])  # the loader prints lines of its own
         growth[release] = rows[-1]["rss_gb"] - rows[0]["rss_gb"]
         seconds = sum(r["seconds"] for r in rows[1:])
         print(
