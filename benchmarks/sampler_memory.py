@@ -63,7 +63,10 @@ def arm(release: str, checkpoint: str, calls: int) -> list[dict]:
     )
     policy = backends.build_policy(config)
     rng = random.Random(0)
-    text = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(n))
+
     conversations = [
         [
             {"role": "system", "content": "You probe an unknown function. " * 20},

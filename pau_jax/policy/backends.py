@@ -114,8 +114,7 @@ class LocalBackendConfig:
         path = pathlib.Path(self.checkpoint_dir).expanduser()
         key = (str(path), self.adapter_dir, self.dtype, self.tokenizer, self.decode_weights)
         model, tokenizer = backends.shared(key, lambda: self._load(path))
-        # Seats on one model (a judge and a coder on one checkpoint) share one cache: the keys
-        # and values of a token sequence do not depend on the seat, and one budget bounds them.
+        # A token sequence's keys and values do not depend on the seat: one cache per model.
         gib = self.prefix_cache_gib
         cache = backends.shared(("prefix_cache", key, gib), lambda: prefix_cache(gib))
         return LocalPolicy(model, tokenizer, self.sampling, prefix_cache=cache)
