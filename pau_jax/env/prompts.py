@@ -128,8 +128,10 @@ def _generate_instruction(view: EpisodeView) -> str:
     if view.example_is_form:
         return (
             f"{request} The form to fill in:\n```\n{example}\n```\n"
-            "Write a literal value of your own in place of every <...>: the values your "
-            "plan needs. Do not repeat a call you have already made."
+            "Write a literal value of your own in place of every <...>: the input your plan "
+            "describes. The examples given to you already show their results, so calling "
+            "the function with one of them teaches you nothing: choose other values, and do "
+            "not repeat a call you have already made."
         )
     return (
         f"{request} For example:\n```\n{example}\n```\n"

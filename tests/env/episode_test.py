@@ -164,6 +164,9 @@ def test_the_placeholder_style_shows_a_form_and_values_stay_the_default():
         prompts[style] = episode.messages(state, config)[-1]["content"]
     assert "For example:\n```\n(4, 5)\n```" in prompts["values"]
     assert "The form to fill in:\n```\n(<int>, <int>)\n```" in prompts["placeholders"]
+    # The form says that a shown example needs no call (its result is on the page).
+    assert "calling the function with one of them teaches you nothing" in prompts["placeholders"]
+    assert "teaches you nothing" not in prompts["values"]
     assert EpisodeConfig().example_style == "values"
 
 
