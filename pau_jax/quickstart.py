@@ -38,12 +38,13 @@ def quickstart(
     agent_sampling: SamplingConfig = SamplingConfig(max_new_tokens=32),
     judge_sampling: SamplingConfig = SamplingConfig(max_new_tokens=32),
     scoring=None,
+    graders=None,
 ) -> dict:
     """The main job end to end: data → checkpoint → evaluate → AAC → evaluate → report.
 
     Builds the datasets, writes a random Qwen3 with the real offline tokenizer (or takes a
-    real `checkpoint`), evaluates it (`run_dir/eval_before`; judge and coder are the same
-    base checkpoint: self-graded, labelled so in every report), trains its LoRA adapters
+    real `checkpoint`), evaluates it (`run_dir/eval_before`; judge and coder are `graders`, or
+    the same base checkpoint: self-graded, labelled so in every report), trains its LoRA adapters
     with AAC, the frozen base as critic (`run_dir/train`), evaluates base + adapter the
     same way (`run_dir/eval_after`) and writes `run_dir/report.md` (before vs after,
     paired tests) and `summary.json`.
@@ -59,7 +60,7 @@ def quickstart(
         `title`); gin binds the configured `pau_jax.experiment.train` and `.evaluate`.
         Defaults `rl.loop.train` and `evaluation.pipeline.evaluate`.
       actor: the adapters' settings (`training.run.ActorConfig`; its checkpoint and dtype
-        are this run's).
+        are this run's); its `decode_weights` is also the evaluated agent's.
       eval_data, train_data: `tasks.DatasetConfig`s of what is evaluated and what AAC
         trains on (default: `pau/debug` test and train under ~/tensorflow_datasets); each
         is built first where `build_if_missing` (a config other than 'debug' from its
@@ -71,6 +72,9 @@ def quickstart(
         sample (greedy by default).
       scoring: how both evaluations score and compare (`evaluation.score.ScoringConfig`,
         default with 2,000 bootstrap resamples); its bootstrap seed is `seed`.
+      graders: the judge's and the coder's backend in both evaluations (a
+        `policy.backends` config, e.g. a larger checkpoint); None: the base checkpoint
+        grades its own agent (self-graded).
 
     Returns:
       The summary written to `run_dir/summary.json`.
@@ -90,23 +94,22 @@ def quickstart(
     scoring = dataclasses.replace(
         scoring or ScoringConfig(bootstrap_resamples=2000), bootstrap_seed=seed
     )
+    actor = _actor(actor, model.checkpoint, dtype)
     run_eval = functools.partial(
         _evaluate,
         evaluate_fn or pipeline.evaluate,
         out,
-        model.checkpoint,
+        actor,
         dataset=eval_data,
         modes=tuple(modes),
-        dtype=dtype,
-        agent_sampling=agent_sampling,
-        judge_sampling=judge_sampling,
+        samplings=(agent_sampling, judge_sampling),
         scoring=scoring,
+        graders=graders,
     )
     with _stage(seconds, "eval_before", 2, "evaluate the base model (before training)"):
         before = run_eval("eval_before", None, "PAU evaluation before AAC")
     text = f"AAC training on pau/{train_data.config} {train_data.split} (frozen base as critic)"
     with _stage(seconds, "train", 3, text):
-        actor = _actor(actor, model.checkpoint, dtype)
         trained = (train_fn or loop.train)(
             run_dir=str(out / "train"), actor=actor, seed=seed, dataset=train_data
         )
@@ -186,32 +189,42 @@ def _set_up(out, checkpoint, model_config, seed, datasets) -> _Model:
 def _evaluate(
     evaluate_fn,
     out,
-    checkpoint,
+    actor,
     name: str,
     adapter: str | None,
     title: str,
     *,
     dataset,
     modes,
-    dtype,
-    agent_sampling,
-    judge_sampling,
+    samplings,
     scoring,
+    graders,
 ) -> dict:
-    """One evaluation into `out/name`: the agent (base + `adapter`) graded by the base model."""
+    """One evaluation into `out/name`: the agent (base + `adapter`, decoding as the actor
+    does) graded by `graders`, or by the base model when None."""
     from pau_jax.policy import backends
 
-    base = backends.LocalBackendConfig(
-        checkpoint_dir=str(checkpoint), sampling=judge_sampling, dtype=dtype
-    )
+    agent_sampling, judge_sampling = samplings
+    checkpoint, dtype = str(actor.checkpoint), actor.dtype
+    if graders is None:
+        graders = backends.LocalBackendConfig(
+            checkpoint_dir=checkpoint,
+            sampling=judge_sampling,
+            dtype=dtype,
+            decode_weights=actor.decode_weights,
+        )
     agent = backends.LocalBackendConfig(
-        checkpoint_dir=str(checkpoint), sampling=agent_sampling, adapter_dir=adapter, dtype=dtype
+        checkpoint_dir=checkpoint,
+        sampling=agent_sampling,
+        adapter_dir=adapter,
+        dtype=dtype,
+        decode_weights=actor.decode_weights,
     )
     return evaluate_fn(
         run_dir=str(out / name),
         policy=agent,
-        judge=base,
-        coder=base,
+        judge=graders,
+        coder=graders,
         dataset=dataset,
         modes=modes,
         scoring=scoring,
@@ -249,10 +262,16 @@ def _report(out, model, results, modes, scoring, eval_data):
     metrics_path = out / "train" / "metrics.jsonl"
     if metrics_path.exists():
         history = [json.loads(line) for line in metrics_path.read_text().splitlines() if line]
+    grading = before["grading"]
+    graders = (
+        "the base checkpoint"
+        if grading["self_graded"]
+        else f"{grading['judge']} (judge), {grading['coder']} (coder)"
+    )
     notes = [
         model.text,
-        f"{before['tasks']} tasks of {data_text}; judge and coder: the base "
-        "checkpoint in both evaluations; 'after' adds the AAC LoRA adapter to the agent only",
+        f"{before['tasks']} tasks of {data_text}; judge and coder: {graders} in both "
+        "evaluations; 'after' adds the AAC LoRA adapter to the agent only",
     ]
     if trained.get("credit"):
         notes.append(f"AAC credit rule: {trained['credit']}")
@@ -264,7 +283,7 @@ def _report(out, model, results, modes, scoring, eval_data):
         intervals=intervals,
         comparisons=comparisons,
         training=history,
-        banner=pipeline.SELF_GRADED_BANNER,
+        banner=pipeline.SELF_GRADED_BANNER if grading["self_graded"] else "",
     )
     return comparisons, history, path
 
@@ -317,7 +336,8 @@ def _summary(model, before, after, trained, comparisons, history, modes) -> dict
 
 def _print_summary(summary: dict, model: _Model, modes, adapter, path) -> None:
     if model.real:
-        print(f"\n[quickstart] summary ({model.text}; self-graded)")
+        graded = "self-graded" if summary["self_graded"] else "graded by another model"
+        print(f"\n[quickstart] summary ({model.text}; {graded})")
     else:
         print("\n[quickstart] summary (random weights: the numbers show the pipeline works)")
     for mode in modes:
