@@ -18,6 +18,7 @@ Resumable: items already in either file are skipped. The last line is ``kept=K o
 """
 
 import argparse
+import concurrent.futures
 import json
 import pathlib
 import sys
@@ -48,7 +49,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--coder_base_url", default=None, help="or an OpenAI-compatible coder endpoint")
     add("--coder_model", default=None, help="the endpoint's model name")
     add("--coder_tokens", type=int, default=256, help="the coder's reply limit")
-    add("--batch", type=int, default=8, help="items per coder call (each batch is saved)")
+    add(
+        "--batch",
+        type=int,
+        default=8,
+        help="items described at once and per coder call (each batch is saved)",
+    )
     add("--timeout_s", type=float, default=2.0, help="limit of one sandboxed call")
     args = parser.parse_args(argv)
     if (args.coder_checkpoint is None) == (args.coder_base_url is None):
@@ -115,6 +121,20 @@ def verify(records, described: dict[str, str], coder, executor, timeout_s: float
     return out
 
 
+def _describe(annotator: Annotator, records) -> dict[str, str]:
+    """task id -> description of each record the annotator describes; its requests are sent
+    at once, so a batching server (`tools.serve`) answers them in one batch."""
+    described = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(records))) as pool:
+        futures = [pool.submit(annotator.describe, r.original_code) for r in records]
+        for record, future in zip(records, futures, strict=True):
+            try:
+                described[record.task_id] = future.result()
+            except AnnotatorError as exc:
+                print(f"[verify] {record.task_id}: no description ({exc})", flush=True)
+    return described
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     annotator_config = AnnotatorConfig.from_env()
@@ -135,12 +155,8 @@ def main(argv=None) -> int:
     coder, kept_now, tried = _coder(args), 0, 0
     with Executor(workers=2) as executor:
         for start in range(0, len(todo), args.batch):
-            chunk, described = todo[start : start + args.batch], {}
-            for record in chunk:
-                try:
-                    described[record.task_id] = annotator.describe(record.original_code)
-                except AnnotatorError as exc:
-                    print(f"[verify] {record.task_id}: no description ({exc})", flush=True)
+            chunk = todo[start : start + args.batch]
+            described = _describe(annotator, chunk)
             chunk = [r for r in chunk if r.task_id in described]
             counts = verify(chunk, described, coder, executor, args.timeout_s)
             kept, rejected = _sort(chunk, described, counts, annotator_config.model)

@@ -1,6 +1,7 @@
 """The description verifier against a fake OpenAI-compatible annotator and coder."""
 
 import json
+import threading
 
 import chat_stub
 import pytest
@@ -89,3 +90,24 @@ def test_the_coder_and_the_annotator_must_be_given(monkeypatch):
     monkeypatch.delenv("PAU_ANNOTATOR_BASE_URL", raising=False)
     with pytest.raises(SystemExit, match="PAU_ANNOTATOR_BASE_URL"):
         verify_descriptions.main(["--coder_base_url", "http://x/v1", "--coder_model", "m"])
+
+
+def test_a_chunk_s_descriptions_are_asked_for_at_once(monkeypatch, tmp_path, capsys):
+    # The annotator answers only once both of the chunk's requests are in flight, as a
+    # batching server fills a batch: one at a time, the first would wait out the barrier.
+    both = threading.Barrier(2, timeout=10)
+
+    def answer(body):
+        if "Describe what the following Python function does" in body["messages"][-1]["content"]:
+            both.wait()
+        return _answer(body)
+
+    monkeypatch.setenv("PAU_ANNOTATOR_MODEL", "annotator-m")
+    monkeypatch.setenv("PAU_ANNOTATOR_CACHE_DIR", str(tmp_path / "cache"))
+    records = [_record(t, body) for t, body in FUNCTIONS.items()]
+    monkeypatch.setattr(pau_dataset, "load_split", lambda *a, **k: records)
+    with chat_stub.serve(answer) as (url, _):
+        monkeypatch.setenv("PAU_ANNOTATOR_BASE_URL", url)
+        argv = ["--coder_base_url", url, "--coder_model", "c", "--out", str(tmp_path / "k.jsonl")]
+        assert verify_descriptions.main([*argv, "--batch", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "kept=1 of 2"
