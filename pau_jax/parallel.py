@@ -123,7 +123,10 @@ def make_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) -
 
 
 def _is_variable(x) -> bool:
-    return isinstance(x, nnx.Variable)
+    """An ``nnx.Variable`` of one array, placed by its logical axes. A variable that holds a
+    pytree (``models.quantization.DecodeWeight``, the sampler's 8-bit copy, made on one
+    device only) is not one: its arrays are placed as plain arrays, or left where they are."""
+    return isinstance(x, nnx.Variable) and hasattr(x.get_value(), "shape")
 
 
 def tree_shardings(tree, mesh: jax.sharding.Mesh, rules: Rules = LEARNER_RULES):
@@ -418,7 +421,7 @@ def pad_to_largest_batch(batch):
 def layouts_differ(model: nnx.Module, mesh: jax.sharding.Mesh) -> bool:
     """Whether any array of the model lies differently in the learner and sampler layouts."""
     for _, var in nnx.iter_graph(model):
-        if isinstance(var, nnx.Variable):
+        if _is_variable(var):
             axes = var.get_metadata().get("out_sharding")
             learn = named_sharding(axes, var.shape, mesh, LEARNER_RULES)
             sample = named_sharding(axes, var.shape, mesh, SAMPLER_RULES)

@@ -378,3 +378,20 @@ def test_bad_critic_and_missing_step_limit_fail_before_loading_anything(tmp_path
     with pytest.raises(ValueError, match="needs a step limit"):
         loop.train(run_dir=str(run_dir), **dict(TINY, episode_config=no_limit))
     assert not run_dir.exists()  # Refused before the run directory or the model existed.
+
+
+def test_8_bit_decode_weights_train_on_a_one_device_mesh(tmp_path):
+    # A gin run binds a mesh (one device on a CPU): the sampler's 8-bit copies must not stop
+    # the model's placement on it (they are not laid out by logical axes).
+    from pau_jax import parallel
+
+    actor = dataclasses.replace(TINY["actor"], decode_weights="q8")
+    result = loop.train(
+        run_dir=str(tmp_path / "run"),
+        steps=1,
+        mesh_config=parallel.MeshConfig(),
+        **dict(TINY, actor=actor),
+    )
+    assert result["steps"] == 1
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert np.isfinite(metrics[-1]["train/loss"])
