@@ -1,5 +1,6 @@
 """The description verifier against a fake OpenAI-compatible annotator and coder."""
 
+import contextlib
 import json
 import threading
 
@@ -48,16 +49,23 @@ def _answer(body):
     return "```python\ndef test_func(arg0):\n    return arg0 + 1\n```"
 
 
-@pytest.fixture
-def endpoint(monkeypatch, tmp_path):
-    """(base URL, requests seen) of the annotator and coder; the split is two hand-made records."""
+@contextlib.contextmanager
+def _serving(monkeypatch, tmp_path, answer):
+    """(base URL, requests seen) of an annotator and coder answering with `answer`; the split
+    is two hand-made records."""
     monkeypatch.setenv("PAU_ANNOTATOR_MODEL", "annotator-m")
     monkeypatch.setenv("PAU_ANNOTATOR_CACHE_DIR", str(tmp_path / "cache"))
     records = [_record(t, body) for t, body in FUNCTIONS.items()]
     monkeypatch.setattr(pau_dataset, "load_split", lambda *a, **k: records)
-    with chat_stub.serve(_answer) as (url, seen):
+    with chat_stub.serve(answer) as (url, seen):
         monkeypatch.setenv("PAU_ANNOTATOR_BASE_URL", url)
         yield url, seen
+
+
+@pytest.fixture
+def endpoint(monkeypatch, tmp_path):
+    with _serving(monkeypatch, tmp_path, _answer) as served:
+        yield served
 
 
 def test_keeps_what_execution_verifies_and_resumes(endpoint, tmp_path, capsys):
@@ -102,12 +110,7 @@ def test_a_chunk_s_descriptions_are_asked_for_at_once(monkeypatch, tmp_path, cap
             both.wait()
         return _answer(body)
 
-    monkeypatch.setenv("PAU_ANNOTATOR_MODEL", "annotator-m")
-    monkeypatch.setenv("PAU_ANNOTATOR_CACHE_DIR", str(tmp_path / "cache"))
-    records = [_record(t, body) for t, body in FUNCTIONS.items()]
-    monkeypatch.setattr(pau_dataset, "load_split", lambda *a, **k: records)
-    with chat_stub.serve(answer) as (url, _):
-        monkeypatch.setenv("PAU_ANNOTATOR_BASE_URL", url)
+    with _serving(monkeypatch, tmp_path, answer) as (url, _):
         argv = ["--coder_base_url", url, "--coder_model", "c", "--out", str(tmp_path / "k.jsonl")]
         assert verify_descriptions.main([*argv, "--batch", "2"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "kept=1 of 2"
