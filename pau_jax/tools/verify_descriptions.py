@@ -49,12 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--coder_base_url", default=None, help="or an OpenAI-compatible coder endpoint")
     add("--coder_model", default=None, help="the endpoint's model name")
     add("--coder_tokens", type=int, default=256, help="the coder's reply limit")
-    add(
-        "--batch",
-        type=int,
-        default=8,
-        help="items described at once and per coder call (each batch is saved)",
-    )
+    add("--batch", type=int, default=8, help="items per annotator and coder batch (each saved)")
     add("--timeout_s", type=float, default=2.0, help="limit of one sandboxed call")
     args = parser.parse_args(argv)
     if (args.coder_checkpoint is None) == (args.coder_base_url is None):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from pau_jax import run_claim
+from pau_jax import parallel, run_claim
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy import backends
 from pau_jax.policy.config import DEFAULT_PREFIX_CACHE_GIB, SamplingConfig
@@ -383,8 +383,6 @@ def test_bad_critic_and_missing_step_limit_fail_before_loading_anything(tmp_path
 def test_8_bit_decode_weights_train_on_a_one_device_mesh(tmp_path):
     # A gin run binds a mesh (one device on a CPU): the sampler's 8-bit copies must not stop
     # the model's placement on it (they are not laid out by logical axes).
-    from pau_jax import parallel
-
     actor = dataclasses.replace(TINY["actor"], decode_weights="q8")
     result = loop.train(
         run_dir=str(tmp_path / "run"),
