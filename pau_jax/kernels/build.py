@@ -6,7 +6,9 @@ unset), keyed by a hash of the source, the compiler flags, the compiler's versio
 jaxlib's version. It is compiled under a temporary name and renamed into place, so
 processes building it at once do not race. ``available()`` is False, with one log line
 saying why, when the default JAX backend is not the CPU, the CPU lacks AVX2 or FMA, there
-is no ``g++`` or the compile fails; callers then use the pure-JAX path.
+is no ``g++`` or the compile fails; callers then use the pure-JAX path. Where the CPU also
+has AVX-512 VNNI the kernel takes its 512-bit path (`instructions()` says which; chosen at
+run time, the library is the same).
 """
 
 import ctypes
@@ -33,6 +35,7 @@ _COMPILE_TIMEOUT_S = 300
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _result: list[tuple[bool, str | None]] = []  # Filled once by _status().
+_library: list[ctypes.CDLL] = []  # The loaded kernel library, once registered.
 
 
 def cache_dir() -> pathlib.Path:
@@ -113,6 +116,7 @@ def _why_unavailable() -> str | None:
         library = ctypes.CDLL(str(path))
         capsule = jax.ffi.pycapsule(getattr(library, SYMBOL))
         jax.ffi.register_ffi_target(TARGET, capsule, platform="cpu")
+        _library.append(library)
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as error:
         return f"building or loading the kernel failed: {error}"
     return None
@@ -124,7 +128,7 @@ def _status() -> tuple[bool, str | None]:
         if not _result:
             reason = _why_unavailable()
             if reason is None:
-                _log.info("Q8_0 CPU kernel ready (FFI target %s)", TARGET)
+                _log.info("Q8_0 CPU kernel ready (FFI target %s, %s)", TARGET, instructions())
             else:
                 _log.warning("Q8_0 CPU kernel unavailable, using the pure-JAX path: %s", reason)
             _result.append((reason is None, reason))
@@ -139,3 +143,13 @@ def available() -> bool:
 def unavailable_reason() -> str | None:
     """Why ``available()`` is False; None when it is True."""
     return _status()[1]
+
+
+def instructions() -> str:
+    """The kernel's instruction path on this CPU: 'avx512-vnni' or 'avx2'.
+
+    '' until ``available()`` has built and registered the kernel, or where it cannot.
+    """
+    if not _library:
+        return ""
+    return "avx512-vnni" if _library[0].PauQ8HasAvx512Vnni() else "avx2"

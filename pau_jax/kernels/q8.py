@@ -7,8 +7,8 @@ per row and block, and sums int8 products exactly in each block, then the blocks
 
     out[m, n] = sum_b dx[m, b] * dw[n, b] * sum_i qx[m, b, i] * qw[n, b, i].
 
-On a CPU with AVX2 and FMA it runs the C++ FFI kernel (``q8_matmul.cc``), an XLA custom call
-that works under ``jax.jit`` and inside loops; elsewhere the same arithmetic in JAX
+On a CPU with AVX2 and FMA it runs the C++ FFI kernel (``q8_matmul.cc``; with AVX-512 VNNI
+where the CPU has it), an XLA custom call that works under ``jax.jit`` and inside loops; elsewhere the same arithmetic in JAX
 (``matmul_reference``), which agrees with the kernel to float rounding.
 
 Threads: jaxlib 0.10.2's FFI hands CPU handlers XLA's own intra-op pool
@@ -174,7 +174,7 @@ def matmul_reference(x: jax.Array, q: Q8Weight) -> jax.Array:
     return out.reshape(*x.shape[:-1], n)
 
 
-def _kernel_call(rows: jax.Array, q: Q8Weight, max_threads: int) -> jax.Array:
+def _kernel_call(rows: jax.Array, q: Q8Weight, max_threads: int, avx512: bool) -> jax.Array:
     """The FFI custom call on [M, K] float32 rows; returns [M, N] float32."""
     n = q.out_features
     call = jax.ffi.ffi_call(
@@ -182,11 +182,16 @@ def _kernel_call(rows: jax.Array, q: Q8Weight, max_threads: int) -> jax.Array:
         jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32),
         vmap_method="sequential",
     )
-    return call(rows, q.qs, q.scales, max_threads=np.int64(max_threads))
+    return call(rows, q.qs, q.scales, max_threads=np.int64(max_threads), avx512=np.int64(avx512))
 
 
 def matmul(
-    x: jax.Array, q: Q8Weight, *, kernel: bool | None = None, max_threads: int = 0
+    x: jax.Array,
+    q: Q8Weight,
+    *,
+    kernel: bool | None = None,
+    max_threads: int = 0,
+    avx512: bool = True,
 ) -> jax.Array:
     """``x @ w`` for a Q8_0 weight, activations quantised per row and block of 32.
 
@@ -200,6 +205,9 @@ def matmul(
       kernel: True: the C++ kernel (an error when it is unavailable); False: the pure-JAX
         path; None: the kernel when ``build.available()``.
       max_threads: at most this many threads of XLA's pool for the kernel; 0: all of them.
+      avx512: the kernel's AVX-512 VNNI path where the CPU has it (``build.instructions()``);
+        False keeps the AVX2 path (the same block sums; the float sums over blocks are
+        added in another order).
 
     Returns:
       [..., N] float32.
@@ -214,7 +222,7 @@ def matmul(
     n = q.out_features
     if rows.shape[0] == 0 or n == 0 or math.prod(q.qs.shape) == 0:
         return jnp.zeros((*x.shape[:-1], n), jnp.float32)
-    return _kernel_call(rows, q, max_threads).reshape(*x.shape[:-1], n)
+    return _kernel_call(rows, q, max_threads, avx512).reshape(*x.shape[:-1], n)
 
 
 def matmul_weight_only(x: jax.Array, q: Q8Weight, compute_dtype=jnp.bfloat16) -> jax.Array:

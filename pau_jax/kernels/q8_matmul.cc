@@ -8,6 +8,13 @@
 //   out[m, n] = sum_b dx[m, b] * dw[n, b] * sum_i qx[m, b, i] * qw[n, b, i],
 // with int32 sums inside a block and float sums over blocks.
 //
+// Two instruction paths give the same integer block sums: AVX2 (sign, maddubs, madd) on
+// every CPU the kernel runs on, and AVX-512 VNNI where the CPU has it (checked once at run
+// time; the functions carry their own target attribute, so the library still builds with
+// -mavx2). VNNI's dpbusd multiplies unsigned by signed bytes, so activations enter it as
+// qx + 128 and each weight block's 128 * sum(qw) is taken off again: exact in int32. Only
+// the order of the float sums over blocks differs between the paths.
+//
 // Work is split over N into chunks taken from a shared counter by the calling thread and by
 // closures scheduled on XLA's intra-op thread pool (ffi::ThreadPool): a closure that has
 // not started when the chunks run out takes none, so the call never waits on a pool thread
@@ -146,8 +153,75 @@ void RowTail(int rows, const int8_t* qx, const float* dx, const int8_t* qw, cons
   }
 }
 
+#define PAU_VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+bool CpuHasAvx512Vnni() {
+  static const bool has = __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return has;
+}
+
+// 16 lanes: a in the low 8, b in the high 8 (the scales of two consecutive blocks).
+PAU_VNNI inline __m512 ScalePair(float a, float b) {
+  return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
+}
+
+// Tile with AVX-512 VNNI, two blocks (64 bytes) per instruction; xu holds qx + 128.
+template <int MR, int NR>
+PAU_VNNI void TileVnni(const uint8_t* xu, const float* dx, const int8_t* qw, const float* dw,
+                       int64_t kp, float* out, int64_t ldo) {
+  const int64_t nb = kp / kBlock;
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i zero = _mm512_setzero_si512();
+  __m512 acc[MR][NR];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b += 2) {
+    const bool pair = b + 1 < nb;
+    // A lone last block is loaded as 32 bytes and 32 zeros, which add nothing.
+    const __mmask64 bytes = pair ? ~__mmask64{0} : __mmask64{0xFFFFFFFFu};
+    for (int p = 0; p < NR * 2 * kBlock; p += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(qw + NR * kp + b * NR * kBlock + p),
+                   _MM_HINT_T0);
+    }
+    __m512i w[NR], minus_offset[NR];
+    __m512 sw[NR];
+    for (int c = 0; c < NR; ++c) {
+      w[c] = _mm512_maskz_loadu_epi8(bytes, qw + c * kp + b * kBlock);
+      // -(128 * sum of the block's weights), four per lane, as dpbusd groups them.
+      minus_offset[c] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, offset, w[c]));
+      sw[c] = ScalePair(dw[c * nb + b], pair ? dw[c * nb + b + 1] : 0.0f);
+    }
+    for (int r = 0; r < MR; ++r) {
+      const __m512i x = _mm512_maskz_loadu_epi8(bytes, xu + r * kp + b * kBlock);
+      const __m512 sx = ScalePair(dx[r * nb + b], pair ? dx[r * nb + b + 1] : 0.0f);
+      for (int c = 0; c < NR; ++c) {
+        const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(minus_offset[c], x, w[c]));
+        acc[r][c] = _mm512_fmadd_ps(sums, _mm512_mul_ps(sx, sw[c]), acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) out[r * ldo + c] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+template <int NR>
+PAU_VNNI void RowTailVnni(int rows, const uint8_t* xu, const float* dx, const int8_t* qw,
+                          const float* dw, int64_t kp, float* out, int64_t ldo) {
+  switch (rows) {
+    case 1: TileVnni<1, NR>(xu, dx, qw, dw, kp, out, ldo); break;
+    case 2: TileVnni<2, NR>(xu, dx, qw, dw, kp, out, ldo); break;
+    case 3: TileVnni<3, NR>(xu, dx, qw, dw, kp, out, ldo); break;
+    default: TileVnni<kRowTile, NR>(xu, dx, qw, dw, kp, out, ldo); break;
+  }
+}
+
 struct Job {
   int64_t m, n, kp;
+  bool vnni;               // qx holds qx + 128 (as unsigned bytes) for the VNNI path
   std::vector<int8_t> qx;  // [m, kp]
   std::vector<float> dx;   // [m, kp / 32]
   const int8_t* qw;        // [n, kp]
@@ -171,7 +245,15 @@ void RunColumns(const Job& job, int64_t n0, int64_t n1) {
         const int8_t* qx = job.qx.data() + r * job.kp;
         const float* dx = job.dx.data() + r * nb;
         float* out = job.out + r * job.n + c;
-        if (c + kColTile <= n1) {
+        const bool pair = c + kColTile <= n1;
+        if (job.vnni) {
+          const uint8_t* xu = reinterpret_cast<const uint8_t*>(qx);
+          if (pair) {
+            RowTailVnni<kColTile>(rows, xu, dx, qw, dw, job.kp, out, job.n);
+          } else {
+            RowTailVnni<1>(rows, xu, dx, qw, dw, job.kp, out, job.n);
+          }
+        } else if (pair) {
           RowTail<kColTile>(rows, qx, dx, qw, dw, job.kp, out, job.n);
         } else {
           RowTail<1>(rows, qx, dx, qw, dw, job.kp, out, job.n);
@@ -192,7 +274,7 @@ void TakeChunks(Job& job) {
 }
 
 ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, F32Matrix x, S8Matrix qs, F32Matrix scales,
-                        ffi::Result<F32Matrix> out, int64_t max_threads) {
+                        ffi::Result<F32Matrix> out, int64_t max_threads, int64_t avx512) {
   const int64_t m = x.dimensions()[0], k = x.dimensions()[1];
   const int64_t n = qs.dimensions()[0], kp = qs.dimensions()[1];
   if (kp % kBlock != 0 || kp < k || scales.dimensions()[0] != n ||
@@ -211,6 +293,10 @@ ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, F32Matrix x, S8Matrix qs, F32Matri
     QuantizeRow(x.typed_data() + r * k, k, kp, job->qx.data() + r * kp,
                 job->dx.data() + r * (kp / kBlock));
   }
+  job->vnni = avx512 != 0 && CpuHasAvx512Vnni();
+  if (job->vnni) {
+    for (int8_t& v : job->qx) v = static_cast<int8_t>(static_cast<uint8_t>(v) ^ 0x80);
+  }
   job->qw = qs.typed_data();
   job->dw = scales.typed_data();
   job->out = out->typed_data();
@@ -218,8 +304,11 @@ ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, F32Matrix x, S8Matrix qs, F32Matri
   int64_t threads = std::max<int64_t>(1, pool.num_threads());
   if (max_threads > 0) threads = std::min(threads, max_threads);
   if (m * n * kp < kMinParallelWork) threads = 1;
-  // About four chunks per thread, each a whole number of column tiles.
-  const int64_t per_chunk = (n + 4 * threads - 1) / (4 * threads);
+  // About two chunks per thread, each a whole number of column tiles: a pool thread that
+  // starts late leaves at most half a share to wait for, and fewer hand-offs measured
+  // faster than four chunks per thread (SmolLM2's decode products: 0.92x the time at one
+  // row, 0.98x at eight; docs/benchmarks.md, "Fewer kernel calls").
+  const int64_t per_chunk = (n + 2 * threads - 1) / (2 * threads);
   job->chunk_cols = std::max<int64_t>(kColTile, (per_chunk + kColTile - 1) / kColTile * kColTile);
   job->num_chunks = (n + job->chunk_cols - 1) / job->chunk_cols;
   threads = std::min(threads, job->num_chunks);
@@ -247,4 +336,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PauQ8Matmul, Q8MatmulImpl,
                                   .Arg<S8Matrix>()
                                   .Arg<F32Matrix>()
                                   .Ret<F32Matrix>()
-                                  .Attr<int64_t>("max_threads"));
+                                  .Attr<int64_t>("max_threads")
+                                  .Attr<int64_t>("avx512"));
+
+// 1 where the CPU has AVX-512 VNNI (the kernel then uses it unless told not to), else 0.
+extern "C" int PauQ8HasAvx512Vnni() { return CpuHasAvx512Vnni() ? 1 : 0; }

@@ -114,18 +114,38 @@ class Linear(nnx.Linear):
     def __call__(self, x: jax.Array) -> jax.Array:
         """Maps [..., in] to [..., out] in the parameter dtype."""
         if quantization.active(self.decode_weight):
-            y = quantization.matmul(x, self.decode_weight).astype(self.dtype)
-            if self.bias is not None:
-                y = y + self.bias[...].astype(self.dtype)
-        elif _single_row_unsharded(x) and self.in_features % GEMV_CHUNKS == 0:
+            return self.finish(quantization.matmul(x, self.decode_weight), x)
+        if _single_row_unsharded(x) and self.in_features % GEMV_CHUNKS == 0:
             y = _chunked_gemv(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
-            if self.bias is not None:
-                y = y + self.bias[...].astype(self.dtype)
-        else:
-            y = super().__call__(x)
+            return self.finish(y, x)
+        y = super().__call__(x)
         if self.lora is not None:
             y = y + self.lora(x).astype(y.dtype)
         return y
+
+    def finish(self, y: jax.Array, x: jax.Array) -> jax.Array:
+        """``y = x @ kernel`` computed elsewhere, plus the bias and the LoRA update of ``x``."""
+        y = y.astype(self.dtype)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        if self.lora is not None:
+            y = y + self.lora(x).astype(y.dtype)
+        return y
+
+
+def project(x: jax.Array, linears: tuple[Linear, ...], fused) -> list[jax.Array]:
+    """Each of ``linears`` applied to the same ``x``; one product where a decode step reads ``fused``.
+
+    ``fused`` is None or the quantised copy of the linears' kernels side by side
+    (``quantization.quantize_for_decode`` fills a module's ``DECODE_GROUPS`` slots): inside
+    a decode step the outputs then come from one product split by output size, each with
+    its own bias and LoRA update; everywhere else each linear runs as usual.
+    """
+    if not quantization.active(fused):
+        return [linear(x) for linear in linears]
+    y = quantization.matmul(x, fused)
+    bounds = np.cumsum([linear.out_features for linear in linears])[:-1].tolist()
+    return [linear.finish(part, x) for linear, part in zip(linears, jnp.split(y, bounds, -1))]
 
 
 class RMSNorm(nnx.Module):
@@ -274,7 +294,15 @@ def attend(
 
 
 class Attention(nnx.Module):
-    """GQA self-attention; optional q/k/v biases, q/k RMSNorm (before RoPE) and KV cache."""
+    """GQA self-attention; optional q/k/v biases, q/k RMSNorm (before RoPE) and KV cache.
+
+    ``decode_qkv`` is None or one quantised copy of the q, k and v kernels side by side,
+    read by decode steps (one product instead of three).
+    """
+
+    # Slot -> the linears whose kernels one quantised copy holds (`project`).
+    DECODE_GROUPS = {"decode_qkv": ("q_proj", "k_proj", "v_proj")}
+    decode_qkv: Any = nnx.data(None)
 
     def __init__(self, config, *, dtype, rngs: nnx.Rngs):
         d, h = config.hidden_size, config.head_dim
@@ -287,6 +315,7 @@ class Attention(nnx.Module):
         self.k_proj = Linear(d, k * h, axes=("embed", "kv_heads"), **qkv)
         self.v_proj = Linear(d, k * h, axes=("embed", "kv_heads"), **qkv)
         self.o_proj = Linear(n * h, d, axes=("heads", "embed"), dtype=dtype, rngs=rngs)
+        self.decode_qkv = None
         if config.qk_norm:
             eps = config.rms_norm_eps
             self.q_norm = RMSNorm(h, eps=eps, axis_name="head_dim", dtype=dtype)
@@ -324,9 +353,10 @@ class Attention(nnx.Module):
           ([B, T, D] output, updated (keys, values) or None).
         """
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj), self.decode_qkv)
+        q = q.reshape(b, t, self.num_heads, self.head_dim)
+        k = k.reshape(b, t, self.num_kv_heads, self.head_dim)
+        v = v.reshape(b, t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         inv_freq = np.asarray(self.inv_freq, np.float32)
@@ -357,17 +387,26 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    """SwiGLU feed-forward block: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU feed-forward block: ``down(silu(gate(x)) * up(x))``.
+
+    ``decode_gate_up`` is None or one quantised copy of the gate and up kernels side by
+    side, read by decode steps (one product instead of two).
+    """
+
+    DECODE_GROUPS = {"decode_gate_up": ("gate_proj", "up_proj")}
+    decode_gate_up: Any = nnx.data(None)
 
     def __init__(self, config, *, dtype, rngs: nnx.Rngs):
         d, f = config.hidden_size, config.intermediate_size
         self.gate_proj = Linear(d, f, axes=("embed", "mlp"), dtype=dtype, rngs=rngs)
         self.up_proj = Linear(d, f, axes=("embed", "mlp"), dtype=dtype, rngs=rngs)
         self.down_proj = Linear(f, d, axes=("mlp", "embed"), dtype=dtype, rngs=rngs)
+        self.decode_gate_up = None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """Maps [B, T, D] to [B, T, D]."""
-        hidden = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+        gate, up = project(x, (self.gate_proj, self.up_proj), self.decode_gate_up)
+        hidden = jax.nn.silu(gate) * up
         return self.down_proj(sharding.constrain(hidden, ("batch", "length", "act_mlp")))
 
 

@@ -70,14 +70,30 @@ def _assert_q8_close(got, x, w):
 
 
 @needs_kernel
+@pytest.mark.parametrize("avx512", [True, False], ids=["best", "avx2"])
 @pytest.mark.parametrize("k, n", SHAPES)
-def test_kernel_matches_numpy(k, n):
+def test_kernel_matches_numpy(k, n, avx512):
+    """Both instruction paths (AVX-512 VNNI only where the CPU has it); odd block counts too."""
     x, w = _data(k, n, max(ROWS))
     q = kernels.quantize(w)
     for m in ROWS:
-        got = kernels.matmul(x[:m], q, kernel=True)
+        got = kernels.matmul(x[:m], q, kernel=True, avx512=avx512)
         assert got.shape == (m, n) and got.dtype == jnp.float32
         _assert_q8_close(got, x[:m], w)
+
+
+@needs_kernel
+def test_the_instruction_path_is_named_and_both_paths_agree():
+    assert build.instructions() in ("avx512-vnni", "avx2")
+    # Extreme values: full-scale int8 blocks of one sign, where qx + 128 reaches 255.
+    rng = np.random.default_rng(4)
+    x = np.where(rng.random((5, 224)) < 0.5, -1.0, 1.0).astype(np.float32) * 3.0
+    w = np.where(rng.random((224, 9)) < 0.5, -1.0, 1.0).astype(np.float32)
+    x[1], w[:, 2] = -3.0, -1.0
+    q = kernels.quantize(w)
+    best, avx2 = (np.asarray(kernels.matmul(x, q, avx512=a)) for a in (True, False))
+    np.testing.assert_allclose(best, x @ w, rtol=1e-6)
+    np.testing.assert_allclose(avx2, x @ w, rtol=1e-6)
 
 
 @needs_kernel

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from pau_jax import models
 from pau_jax.env import parse
-from pau_jax.kernels import q8
+from pau_jax.kernels import build, q8
 from pau_jax.models import kv_cache, lora, quantization, qwen3
 from pau_jax.policy import backends
 from pau_jax.policy import config as policy_config
@@ -163,3 +164,49 @@ def test_settings_name_the_formats():
         backends.LocalBackendConfig(checkpoint_dir="x", decode_weights="q4")
     with pytest.raises(ValueError, match="decode_weights must be one of"):
         quantization.quantize_for_decode(nnx.Module(), "int4")
+
+
+def _tiny_qwen2(directory):
+    """A random transformers Qwen2 (q/k/v biases) saved in `directory`."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen2Config(**dict(checkpoints.TINY_QWEN3, tie_word_embeddings=True))
+    torch.manual_seed(5)
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.5)
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2"])
+def test_q_k_v_and_gate_up_read_one_copy_each_with_the_same_numbers(ckpt, family, tmp_path):
+    path = ckpt if family == "qwen3" else _tiny_qwen2(tmp_path / "qwen2")
+    grouped, separate = models.load_hf(path)[0], models.load_hf(path)[0]
+    layers = grouped.config.num_hidden_layers
+    assert quantization.quantize_for_decode(grouped, "q8") == 7 * layers + 1
+    assert quantization.quantize_for_decode(separate, "q8", group=False) == 7 * layers + 1
+    attention = grouped.model.layers[0].self_attn
+    assert attention.decode_qkv is not None and attention.q_proj.decode_weight is None
+    if family == "qwen2":
+        assert attention.q_proj.bias is not None
+    for model in (grouped, separate):  # adapters stay per linear, on top of the one product
+        lora.apply_lora(model, rank=4, alpha=8, seed=1)
+        for _, module in nnx.iter_graph(model):
+            if isinstance(module, lora.LoRA):
+                module.lora_b.set_value(jnp.full(module.lora_b.shape, 0.02, jnp.float32))
+    ids = jnp.asarray([PROMPTS[1]])
+
+    def kernel_calls(model):
+        text = _decode_logits.lower(*nnx.split(model), ids).as_text()
+        return text.count(build.TARGET)
+
+    assert kernel_calls(separate) == 7 * layers + 1
+    assert kernel_calls(grouped) == 4 * layers + 1
+    # Each output column is the same Q8_0 sum whether its kernel is alone or beside others.
+    np.testing.assert_array_equal(_logits(grouped, ids), _logits(separate, ids))
+    quantization.quantize_for_decode(grouped, "float32")
+    assert attention.decode_qkv is None and quantization.decode_weights_of(grouped) == "float32"
