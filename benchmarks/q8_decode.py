@@ -56,6 +56,7 @@ def main() -> None:
 
     load_start = os.getloadavg()
     print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}")
+    print(f"q8 kernel: {build.instructions() if build.available() else 'unavailable'}")
     print(f"q8 kernel available: {build.available()} ({build.unavailable_reason() or 'ok'})")
     path = fetch.checkpoint(args.model) if not os.path.isdir(args.model) else args.model
     f32, config = models.load_hf(path)

@@ -34,6 +34,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pau_jax import models  # noqa: E402
+from pau_jax.kernels import build  # noqa: E402
 from pau_jax.models import quantization  # noqa: E402
 from pau_jax.sampling import generate  # noqa: E402
 from pau_jax.tokenizer import load_tokenizer  # noqa: E402
@@ -96,6 +97,7 @@ def main() -> None:
 
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"q8 kernel: {build.instructions() if build.available() else 'unavailable'}")
     checkpoint = fetch.checkpoint("smollm2-135m-instruct")
     gguf = _gguf(args, checkpoint)
     tokenizer = load_tokenizer(checkpoint)
