@@ -8,8 +8,9 @@ per row and block, and sums int8 products exactly in each block, then the blocks
     out[m, n] = sum_b dx[m, b] * dw[n, b] * sum_i qx[m, b, i] * qw[n, b, i].
 
 On a CPU with AVX2 and FMA it runs the C++ FFI kernel (``q8_matmul.cc``; with AVX-512 VNNI
-where the CPU has it), an XLA custom call that works under ``jax.jit`` and inside loops; elsewhere the same arithmetic in JAX
-(``matmul_reference``), which agrees with the kernel to float rounding.
+where the CPU has it), an XLA custom call that works under ``jax.jit`` and inside loops;
+elsewhere the same arithmetic in JAX (``matmul_reference``), which agrees with the kernel to
+float rounding.
 
 Threads: jaxlib 0.10.2's FFI hands CPU handlers XLA's own intra-op pool
 (``ffi::ThreadPool``, the Eigen pool that runs XLA's CPU work), so the kernel splits its

@@ -49,8 +49,10 @@ constexpr int64_t kRowBlock = 64;
 // Below this many multiply-adds (M * N * Kp) the call runs on the calling thread alone.
 constexpr int64_t kMinParallelWork = 1 << 18;
 
-// Quantises one row x [k] into q [kp] int8 and d [kp / 32] float32.
-void QuantizeRow(const float* x, int64_t k, int64_t kp, int8_t* q, float* d) {
+// Quantises one row x [k] into q [kp] int8 and d [kp / 32] float32; with `offset` each q is
+// stored as the unsigned byte q + 128 (the VNNI path's form).
+void QuantizeRow(const float* x, int64_t k, int64_t kp, int8_t* q, float* d, bool offset) {
+  const __m256i flip = _mm256_set1_epi8(offset ? static_cast<char>(0x80) : 0);
   const __m256 sign_bit = _mm256_set1_ps(-0.0f);
   const __m256 lo = _mm256_set1_ps(-127.0f);
   const __m256 hi = _mm256_set1_ps(127.0f);
@@ -73,7 +75,7 @@ void QuantizeRow(const float* x, int64_t k, int64_t kp, int8_t* q, float* d) {
     d[b] = scale;
     int8_t* out = q + start;
     if (scale == 0.0f) {
-      std::memset(out, 0, kBlock);
+      std::memset(out, offset ? 0x80 : 0, kBlock);
       continue;
     }
     const __m256 div = _mm256_set1_ps(scale);
@@ -87,7 +89,7 @@ void QuantizeRow(const float* x, int64_t k, int64_t kp, int8_t* q, float* d) {
     const __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]);
     const __m256i i16b = _mm256_packs_epi32(i32[2], i32[3]);
     const __m256i i8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i16a, i16b), order);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), i8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_xor_si256(i8, flip));
   }
 }
 
@@ -287,15 +289,12 @@ ffi::Error Q8MatmulImpl(ffi::ThreadPool pool, F32Matrix x, S8Matrix qs, F32Matri
   job->m = m;
   job->n = n;
   job->kp = kp;
+  job->vnni = avx512 != 0 && CpuHasAvx512Vnni();
   job->qx.resize(m * kp);
   job->dx.resize(m * (kp / kBlock));
   for (int64_t r = 0; r < m; ++r) {
     QuantizeRow(x.typed_data() + r * k, k, kp, job->qx.data() + r * kp,
-                job->dx.data() + r * (kp / kBlock));
-  }
-  job->vnni = avx512 != 0 && CpuHasAvx512Vnni();
-  if (job->vnni) {
-    for (int8_t& v : job->qx) v = static_cast<int8_t>(static_cast<uint8_t>(v) ^ 0x80);
+                job->dx.data() + r * (kp / kBlock), job->vnni);
   }
   job->qw = qs.typed_data();
   job->dw = scales.typed_data();

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import qwen3_testlib
 from flax import nnx
 
 from pau_jax import models
@@ -174,12 +175,7 @@ def _tiny_qwen2(directory):
     config = transformers.Qwen2Config(**dict(checkpoints.TINY_QWEN3, tie_word_embeddings=True))
     torch.manual_seed(5)
     model = transformers.Qwen2ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(".bias"):
-                param.normal_(0.0, 0.5)
-    model.save_pretrained(directory, safe_serialization=True)
-    return directory
+    return qwen3_testlib.perturb_and_save(model, directory, bias_scale=0.5)[0]
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen2"])
