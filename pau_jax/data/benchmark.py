@@ -27,6 +27,9 @@ class BenchmarkConfig:
         directory, or all of them when reading from the hub is allowed.
       pipeline: record construction settings.
       workers: sandbox worker processes per executor.
+      verified_min_fraction: a shipped verified description fills a record only if its
+        coder matched at least this share of the held-out examples (`verified_descriptions.
+        fill`; 1.0 keeps only those that matched all of them).
     """
 
     name: str
@@ -34,6 +37,7 @@ class BenchmarkConfig:
     instruct_sources: tuple[str, ...] = ("code_alpaca", "magicoder")
     pipeline: PipelineConfig = PipelineConfig()
     workers: int = 2
+    verified_min_fraction: float = 0.5
 
 
 DEFAULT = BenchmarkConfig(name="default")
@@ -196,7 +200,9 @@ def build_splits(
         )
         extra = tuple(duplicates) if name == "train" else ()
         # Shipped, execution-verified descriptions first; the annotator only for what is left.
-        records = verified_descriptions.fill(result.records, verified)
+        records = verified_descriptions.fill(
+            result.records, verified, min_fraction=config.verified_min_fraction
+        )
         results[name] = build.BuildResult(
             records=add_descriptions(records, annotator),
             exclusions=result.exclusions + extra,

@@ -104,20 +104,29 @@ def write(path: str | pathlib.Path, entries: Iterable[VerifiedDescription]) -> N
         raise
 
 
-def fill(records: Sequence, entries: dict[str, VerifiedDescription]) -> tuple:
+def fill(
+    records: Sequence, entries: dict[str, VerifiedDescription], *, min_fraction: float = 0.5
+) -> tuple:
     """Records without a description get their kept one (same task id and code hash).
 
     Args:
       records: `pipeline.Record`s (anything with ``task_id``, ``original_code``,
         ``description`` that ``dataclasses.replace`` can copy).
       entries: `read`'s mapping.
+      min_fraction: use a description only if its coder matched at least this share of
+        the held-out examples (0.5: every kept one, each a majority; 1.0: only those whose
+        code matched every held-out example, the strict reading).
 
     Returns:
       The records, those filled with ``description`` and ``description_origin`` set.
     """
+    if not 0.5 <= min_fraction <= 1:
+        raise ValueError(f"min_fraction must be in [0.5, 1], got {min_fraction}")
     out, stale = [], []
     for record in records:
         entry = entries.get(record.task_id)
+        if entry is not None and entry.matched < min_fraction * entry.held_out:
+            entry = None
         if entry is not None and not record.description:
             if entry.code_sha256 == code_sha256(record.original_code):
                 record = dataclasses.replace(

@@ -122,10 +122,14 @@ def summarize(records: Sequence[dict]) -> dict:
 
 
 def origin_group(origin: str) -> str:
-    """A description origin without its per-item count: ``annotator:m verified 3/4`` ->
-    ``annotator:m verified``; others as they are."""
-    head, sep, _ = origin.partition(" verified ")
-    return f"{head} verified" if sep else origin
+    """A description origin without its per-item count: ``annotator:m verified 4/4`` ->
+    ``annotator:m verified all``, ``annotator:m verified 3/4`` -> ``annotator:m verified
+    majority`` (a majority can keep a wrong description); others as they are."""
+    head, sep, count = origin.partition(" verified ")
+    if not sep:
+        return origin
+    matched, _, held_out = count.partition("/")
+    return f"{head} verified {'all' if matched == held_out else 'majority'}"
 
 
 def gold_shares(summaries: dict) -> dict:

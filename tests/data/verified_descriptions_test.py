@@ -87,3 +87,22 @@ def test_fill_matches_task_and_code_and_keeps_existing_descriptions(caplog):
     )
     assert filled[1:] == records[1:]
     assert "1 verified descriptions were written for other code" in caplog.text
+
+
+def test_the_strict_reading_fills_only_descriptions_that_matched_every_example():
+    entries = {
+        e.task_id: e
+        for e in (
+            _entry(matched=3, held_out=4),
+            _entry(task_id="CRUXEval/sample_2", matched=4, held_out=4),
+        )
+    }
+    records = (_Record("CRUXEval/sample_1", CODE), _Record("CRUXEval/sample_2", CODE))
+    majority = verified.fill(records, entries)
+    strict = verified.fill(records, entries, min_fraction=1.0)
+    assert [bool(r.description) for r in majority] == [True, True]
+    assert strict[0] == records[0]
+    assert strict[1].description_origin.endswith("verified 4/4")
+    for bad in (0.4, 1.5):
+        with pytest.raises(ValueError, match="min_fraction"):
+            verified.fill(records, entries, min_fraction=bad)

@@ -106,7 +106,14 @@ def test_judge_scores_are_read_by_gold_description_origin():
         {"n_calls": 0, "stopped_by_agent": None, "judge_score": None, "judge_skipped": True},
     ]
     by_origin = metrics.summarize(records)["per_description_origin"]
-    assert list(by_origin) == ["annotator:m", "annotator:m verified", "humaneval_docstring"]
-    assert by_origin["annotator:m verified"]["judge"]["mean"] == pytest.approx(3.0)
-    assert by_origin["annotator:m verified"]["episodes"] == 2
+    assert list(by_origin) == [
+        "annotator:m",
+        "annotator:m verified all",
+        "annotator:m verified majority",
+        "humaneval_docstring",
+    ]
+    # Descriptions whose code matched every held-out example are read apart from the rest.
+    assert by_origin["annotator:m verified all"]["judge"]["mean"] == pytest.approx(2.0)
+    assert by_origin["annotator:m verified majority"]["judge"]["mean"] == pytest.approx(4.0)
+    assert by_origin["annotator:m verified majority"]["episodes"] == 1
     assert by_origin["annotator:m"]["judge"]["mean"] == pytest.approx(1.0)
