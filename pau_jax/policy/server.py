@@ -24,8 +24,9 @@ answered 408 (mid-body) or disconnected; a `model` the server does not serve get
 (`model_not_found`; on `/v1/embeddings`, a name other than the embedder's), an absent one
 is the first served name. With an API key
 (`api_key`, or the environment variable `PAU_SERVER_API_KEY`), every request without
-`Authorization: Bearer <key>` gets 401. The server binds 127.0.0.1 by default; another
-address without a key is logged as a warning.
+`Authorization: Bearer <key>` gets 401 (the key, the body limits and the routing are
+`server_http`'s). The server binds 127.0.0.1 by default; another address without a key is
+logged as a warning.
 
     server = PolicyServer(local_policy, model_name="qwen3-local",
                           embedder=local_embedder, embedding_model_name="qwen3-embedding")
@@ -36,36 +37,24 @@ address without a key is logged as a warning.
 """
 
 import dataclasses
-import hmac
-import http
-import http.server
 import ipaddress
-import json
 import logging
 import os
 import queue
-import re
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Sequence
 
+from pau_jax.policy import server_http
 from pau_jax.policy.local import LocalPolicy
-from pau_jax.policy.server_requests import (
-    ChatRequest,
-    RequestError,
-    chat_request,
-    error,
-    parse_body,
-)
+from pau_jax.policy.server_requests import ChatRequest, RequestError, chat_request, error
 
 _log = logging.getLogger(__name__)
 
 API_KEY_ENV = "PAU_SERVER_API_KEY"
 MAX_EMBEDDING_INPUTS = 2048
 MAX_BODY_BYTES = 8 * 2**20
-LISTEN_BACKLOG = 128
 
 
 @dataclasses.dataclass
@@ -74,18 +63,6 @@ class _Pending:
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     result: object = None
     error: str | None = None
-
-
-class _HTTPServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = LISTEN_BACKLOG  # connections waiting to be accepted (listen backlog)
-
-    def handle_error(self, request, client_address):
-        del request
-        if isinstance(sys.exc_info()[1], OSError):  # the client hung up or stalled mid-reply
-            _log.debug("connection from %s ended: %s", client_address, sys.exc_info()[1])
-        else:
-            _log.exception("request from %s failed", client_address)
 
 
 class PolicyServer:
@@ -151,7 +128,7 @@ class PolicyServer:
         self.batch_sizes: list[int] = []
         self._queue: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._httpd = _HTTPServer((host, port), self._handler_class())
+        self._httpd = server_http.HTTPServer((host, port), self._handler_class())
         self._threads: list[threading.Thread] = []
         address = self._httpd.server_address[0]
         if not self.api_key and not ipaddress.ip_address(address).is_loopback:
@@ -334,102 +311,5 @@ class PolicyServer:
     # HTTP -----------------------------------------------------------------------------
 
     def _handler_class(self):
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            timeout = server.read_timeout_s  # of each read and write on the connection
-
-            def log_message(self, *args):  # Keep the terminal quiet.
-                del args
-
-            def _send(self, status: int, payload: dict, *, close: bool = False) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                if status == 401:
-                    self.send_header("WWW-Authenticate", "Bearer")
-                if close:  # the request's body, if any, was not read
-                    self.send_header("Connection", "close")
-                    self.close_connection = True
-                self.end_headers()
-                self.wfile.write(data)
-
-            def send_error(self, code, message=None, explain=None):
-                # http.server's own refusals (a malformed request line, headers too long).
-                del explain
-                kind = "server_error" if code >= 500 else "invalid_request_error"
-                self._send(code, error(message or http.HTTPStatus(code).phrase, kind), close=True)
-
-            def _authorized(self) -> bool:
-                if not server.api_key:
-                    return True
-                given = self.headers.get("Authorization", "").encode()
-                if hmac.compare_digest(given, f"Bearer {server.api_key}".encode()):
-                    return True
-                message = "missing or wrong API key: send the header Authorization: Bearer <key>"
-                self._send(401, error(message, code="invalid_api_key"), close=True)
-                return False
-
-            def _read_body(self) -> bytes | None:
-                """The request body; None once a refusal was sent (the connection then closes)."""
-                lengths = self.headers.get_all("Content-Length") or []
-                if not lengths or "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-                    message = "a request needs a Content-Length header (no chunked bodies)"
-                    self._send(411, error(message), close=True)
-                    return None
-                declared = lengths[0].strip()
-                if len(lengths) > 1 or not re.fullmatch(r"[0-9]+", declared):
-                    message = "Content-Length must be one non-negative integer"
-                    self._send(400, error(message), close=True)
-                    return None
-                if len(declared) > 18 or int(declared) > server.max_body_bytes:
-                    message = f"request body over the limit of {server.max_body_bytes} bytes"
-                    self._send(413, error(message), close=True)
-                    return None
-                length = int(declared)
-                try:
-                    raw = self.rfile.read(length)
-                except TimeoutError:
-                    message = f"the body did not arrive within {server.read_timeout_s} s"
-                    self._send(408, error(message), close=True)
-                    return None
-                if len(raw) < length:
-                    message = "request body shorter than its Content-Length"
-                    self._send(400, error(message), close=True)
-                    return None
-                return raw
-
-            def do_GET(self):  # noqa: N802 - name fixed by http.server.
-                if not self._authorized():
-                    return
-                if self.path.rstrip("/") == "/v1/models":
-                    self._send(200, server._models())
-                else:
-                    self._send(404, error(f"no route {self.path}"))
-
-            def do_POST(self):  # noqa: N802 - name fixed by http.server.
-                if not self._authorized():
-                    return
-                routes = {
-                    "/v1/chat/completions": server._complete,
-                    "/v1/embeddings": server._embeddings,
-                }
-                route = routes.get(self.path.rstrip("/"))
-                if route is None:
-                    self._send(404, error(f"no route {self.path}"), close=True)
-                    return
-                raw = self._read_body()
-                if raw is None:
-                    return
-                try:
-                    status, payload = route(parse_body(raw))
-                except RequestError as e:
-                    status, payload = e.status, e.payload
-                except Exception as e:  # noqa: BLE001 - every request gets an answer.
-                    _log.exception("%s failed", self.path)
-                    status, payload = 500, error(f"{type(e).__name__}: {e}", "server_error")
-                self._send(status, payload)
-
-        return Handler
+        routes = {"/v1/chat/completions": self._complete, "/v1/embeddings": self._embeddings}
+        return server_http.handler_class(self, get={"/v1/models": self._models}, post=routes)
