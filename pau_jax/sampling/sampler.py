@@ -26,7 +26,15 @@ import numpy as np
 from flax import nnx
 
 from pau_jax.models import sharding
-from pau_jax.sampling import batching, constraint, decode_loop, output, prefill, runtime
+from pau_jax.sampling import (
+    batching,
+    constraint,
+    decode_loop,
+    output,
+    prefill,
+    prefix_reuse,
+    runtime,
+)
 from pau_jax.sampling import prefix_cache as prefix_cache_lib
 from pau_jax.sampling import settings as settings_lib
 
@@ -35,7 +43,7 @@ _log = logging.getLogger(__name__)
 
 def trace_counts() -> dict[str, int]:
     """How many times the prefill, decode and prefix-gather functions were traced so far."""
-    return dict(runtime.TRACES) | prefix_cache_lib.trace_counts()
+    return dict(runtime.TRACES) | prefix_reuse.trace_counts()
 
 
 def call_counts() -> dict[str, int]:
