@@ -1,4 +1,8 @@
-"""Hostile code: each case ends in a typed error in time, the parent is unharmed and the pool goes on."""
+"""Hostile code: each case ends in a typed error in time, the parent is unharmed and the pool goes on.
+
+`HOSTILE` holds the refused programs (program, error type, part of the message), `ALLOWED` the
+operations inside the worker's own directory that must keep working (program, value).
+"""
 
 import importlib.util
 import json
@@ -35,8 +39,10 @@ READ_BELOW_HOOK = (
 
 
 def _assert_pool_still_works(pool):
-    result = pool.call(BENIGN, (21,), timeout_s=20.0)
-    assert result.ok and result.value == [21, 42], result
+    """Every worker of the pool answers its own calls (two calls per worker)."""
+    args = [(21 + i,) for i in range(2 * pool.workers)]
+    for (x,), result in zip(args, pool.call_many(BENIGN, args, timeout_s=20.0)):
+        assert result.ok and result.value == [x, 2 * x], result
 
 
 def _run(pool, source, timeout_s, args=()):
@@ -46,6 +52,45 @@ def _run(pool, source, timeout_s, args=()):
     assert elapsed < timeout_s + SLACK_S, (elapsed, result)
     assert not result.ok and result.value is None, result
     return result
+
+
+# A whole reply in the worker's format, for the call in progress (its id, where calls carry
+# one, read from the request that the worker's loop holds), sent over the reply pipe. OBJECTS
+# is how the program looks for the request and the pipe; SEND, how it writes.
+FORGE = (
+    "import gc, json, os, struct, sys\n"
+    "def reachable():\n"
+    "    frame, found = sys._getframe(), []\n"
+    "    while frame is not None:\n"
+    "        found += list(frame.f_locals.values())\n"
+    "        frame = frame.f_back\n"
+    "    return found\n"
+    "def test_func():\n"
+    "    objects = OBJECTS\n"
+    "    run = [o for o in objects if isinstance(o, dict) and o.get('op') == 'run'][-1]\n"
+    "    reply = {'id': (run.get('ids') or [None])[-1], 'ok': True, 'value': '\"FORGED\"',\n"
+    "             'display': 'F', 'error_type': None, 'error_message': None, 'stdout': '',\n"
+    "             'stderr': '', 'lines': None, 'arcs': None, 'cpu_s': 0.0}\n"
+    "    body = json.dumps(reply).encode()\n"
+    "    SEND\n"
+    "    return 'genuine'\n"
+)
+THROUGH_PIPE = (
+    "for o in objects:\n"
+    "        if type(o).__name__ == 'Connection' and o.writable:\n"
+    "            o.send_bytes(body)"
+)
+THROUGH_FDS = (
+    "for fd in range(3, 64):\n"
+    "        try:\n"
+    "            os.write(fd, struct.pack('!i', len(body)) + body)\n"
+    "        except OSError:\n"
+    "            pass"
+)
+
+
+def _forge(objects, send):
+    return FORGE.replace("OBJECTS", objects).replace("SEND", send)
 
 
 HOSTILE = {
@@ -212,6 +257,86 @@ HOSTILE = {
         "PermissionError",
         "Permission denied",
     ),
+    # A forged reply is never a call's result (the pool check then asks every worker).
+    "forged_reply_through_gc": (
+        _forge("gc.get_objects()", THROUGH_PIPE),
+        "PermissionError",
+        "reading the interpreter's object graph",
+    ),
+    "forged_reply_through_frames": (
+        _forge("reachable()", THROUGH_PIPE),
+        "WorkerCrashed",
+        "belongs to no call in progress",
+    ),
+    "forged_reply_through_fds": (
+        _forge("reachable()", THROUGH_FDS),
+        "WorkerCrashed",
+        "belongs to no call in progress",
+    ),
+    # Emptying the guard's settings in its module's globals leaves the hook as it was.
+    "guard_settings_rewritten_then_ctypes": (
+        "import ctypes, sys\n"
+        "def test_func():\n"
+        "    settings = vars(sys.modules['pau_jax.sandbox.guard'])\n"
+        "    for name, value in list(settings.items()):\n"
+        "        private = name.startswith('_') and not name.startswith('__')\n"
+        "        if private and isinstance(value, (dict, frozenset, tuple)):\n"
+        "            settings[name] = type(value)()\n"
+        "    events = ['ctypes.dlopen', 'ctypes.dlsym', 'ctypes.call_function']\n"
+        "    settings['_HARMLESS'] = frozenset(events)\n"
+        "    settings['denied'] = lambda what: None\n"
+        "    return ctypes.CDLL('libc.so.6').getpid()\n",
+        "PermissionError",
+        "native code through ctypes",
+    ),
+    # pidfd functions raise no audit event: the sandbox refuses them, not only the kernel.
+    "pidfd_signal_parent": (
+        "import os, signal\n"
+        "def test_func():\n"
+        "    signal.pidfd_send_signal(os.pidfd_open(os.getppid()), 0)\n",
+        "PermissionError",
+        "signalling other processes",
+    ),
+    "pidfd_probe_every_process": (
+        "import os, signal\n"
+        "def test_func():\n"
+        "    reached = []\n"
+        "    for name in os.listdir('/proc'):\n"
+        "        if name.isdigit() and int(name) != os.getpid():\n"
+        "            try:\n"
+        "                fd = os.pidfd_open(int(name))\n"
+        "                try:\n"
+        "                    signal.pidfd_send_signal(fd, 0)\n"
+        "                    reached.append(int(name))\n"
+        "                finally:\n"
+        "                    os.close(fd)\n"
+        "            except OSError as error:\n"
+        "                if 'sandbox' in str(error):\n"
+        "                    raise\n"
+        "    return reached\n",
+        "PermissionError",
+        "signalling other processes",
+    ),
+    # Every other worker's folder (the pool's other worker at least) is closed to this one.
+    "read_other_worker_folders": (
+        "import os\n"
+        "def test_func():\n"
+        "    mine = os.path.dirname(os.getcwd())\n"
+        "    base = os.path.dirname(mine)\n"
+        "    listed, refused = [], []\n"
+        "    for name in os.listdir(base):\n"
+        "        path = os.path.join(base, name)\n"
+        "        if name.startswith('pau_sandbox_') and path != mine:\n"
+        "            try:\n"
+        "                listed.append(os.listdir(path))\n"
+        "            except PermissionError as error:\n"
+        "                refused.append(error)\n"
+        "    if listed or not refused:\n"
+        "        return listed\n"
+        "    raise refused[0]\n",
+        "PermissionError",
+        "Permission denied",
+    ),
 }
 # Cases that need something of the machine: name -> (what, available).
 NEEDS = {
@@ -219,6 +344,30 @@ NEEDS = {
     "read_shadow_below_audit_hook": (
         "/etc/shadow and readline",
         os.path.exists("/etc/shadow") and importlib.util.find_spec("readline") is not None,
+    ),
+    "read_other_worker_folders": ("a root parent (one uid per worker)", os.geteuid() == 0),
+}
+# Operations inside the worker's own directory that must work: name -> (program, value).
+ALLOWED = {
+    "temporary_directory": (
+        "import os, tempfile\n"
+        "def test_func():\n"
+        "    with tempfile.TemporaryDirectory() as name:\n"
+        "        os.makedirs(os.path.join(name, 'a', 'b'))\n"
+        "        open(os.path.join(name, 'a', 'b', 'f'), 'w').close()\n"
+        "        inside = os.path.dirname(name) == os.getcwd()\n"
+        "    return inside, os.path.exists(name), os.listdir('.')\n",
+        (True, False, []),
+    ),
+    "rmtree_inside": (
+        "import os, shutil\n"
+        "def test_func():\n"
+        "    os.makedirs('tree/sub')\n"
+        "    os.symlink('/tmp', 'tree/sub/out')\n"
+        "    open('tree/sub/f', 'w').close()\n"
+        "    shutil.rmtree('tree')\n"
+        "    return os.path.exists('tree'), os.listdir('.'), os.path.isdir('/tmp')\n",
+        (False, [], True),
     ),
 }
 
@@ -244,6 +393,55 @@ def test_hostile_case(executor, name):
     assert result.timed_out == (result.error_type == "TimeoutError")
     assert (dict(os.environ), os.getcwd()) == before
     assert not os.path.exists("/tmp/pau_sandbox_pwned")
+    _assert_pool_still_works(executor)
+
+
+@pytest.mark.parametrize("name", sorted(ALLOWED))
+def test_allowed_case(executor, name):
+    source, expected = ALLOWED[name]
+    result = executor.call(source, (), timeout_s=20.0)
+    assert result.ok and result.value == expected, result
+    _assert_pool_still_works(executor)
+
+
+REFERENCE_SECRET = "reference-secret-39c4"
+REFERENCE = f"def test_func(x):\n    tag = {REFERENCE_SECRET!r}\n    return x + 1\n"
+# Looks for a reference source in the worker's own files and in the compiled sources its
+# frames reach; the secret comes reversed, so that this source does not hold it.
+FIND_REFERENCE = (
+    "import os, sys\n"
+    "def constants(code):\n"
+    "    for value in code.co_consts:\n"
+    "        yield from constants(value) if hasattr(value, 'co_consts') else [repr(value)]\n"
+    "def test_func(backwards):\n"
+    "    secret, seen = backwards[::-1], []\n"
+    "    for top, _, files in os.walk(os.path.dirname(os.getcwd())):\n"
+    "        for name in files:\n"
+    "            with open(os.path.join(top, name), errors='replace') as f:\n"
+    "                seen.append(f.read())\n"
+    "    frame = sys._getframe()\n"
+    "    while frame is not None:\n"
+    "        for value in list(frame.f_locals.values()):\n"
+    "            cache = getattr(value, 'cache', None)\n"
+    "            for compiled in list(cache.values()) if isinstance(cache, dict) else []:\n"
+    "                if getattr(compiled, 'code', None) is not None:\n"
+    "                    seen.extend(constants(compiled.code))\n"
+    "        frame = frame.f_back\n"
+    "    return any(secret in text for text in seen)\n"
+)
+
+
+def test_generated_code_never_finds_a_reference_source(executor):
+    """A generated source runs only in workers that never held a task's (reference) source."""
+    args = [(i,) for i in range(2 * executor.workers)]
+    assert [r.value for r in executor.call_many(REFERENCE, args, timeout_s=20.0)] == [
+        i + 1 for (i,) in args
+    ]
+    backwards = (REFERENCE_SECRET[::-1],)
+    # The search works: the task's own code, in a worker that ran the reference, finds it.
+    assert executor.call(FIND_REFERENCE, backwards, timeout_s=20.0, origin="task").value is True
+    found = executor.call(FIND_REFERENCE, backwards, timeout_s=20.0, origin="generated")
+    assert found.ok and found.value is False, found
     _assert_pool_still_works(executor)
 
 

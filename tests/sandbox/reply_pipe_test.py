@@ -1,8 +1,12 @@
 """Code that writes forged replies into its worker's reply pipe answers no call, its own or another."""
 
+import hashlib
+import time
+
 import pytest
 
-from pau_jax.sandbox import Executor
+from pau_jax.sandbox import Executor, values
+from pau_jax.sandbox.worker_process import readable
 
 TIMEOUT = 20.0
 BENIGN = "def test_func(x):\n    return [x, x * 2]\n"
@@ -120,3 +124,25 @@ def test_forged_replies_do_not_reach_calls_from_other_threads():
                 _assert_rejected(future.result())
             for x, future in enumerate(innocent):
                 assert future.result().value == [x, 2 * x], future.result()
+
+
+def test_a_worker_handed_back_with_unread_bytes_is_replaced(lone_pool):
+    (worker,) = lone_pool._all
+    assert lone_pool.acquire(block=True) is worker
+    # A run whose reply the parent never reads: it waits in the reply pipe at the release.
+    request = {
+        "op": "run",
+        "key": hashlib.sha256(BENIGN.encode()).hexdigest(),
+        "source": BENIGN,
+        "entry": "test_func",
+        "coverage": False,
+        "ids": ["unread"],
+        "args": [values.encode((7,))],
+    }
+    worker.send(request, time.monotonic() + TIMEOUT)
+    assert readable([worker], TIMEOUT) == [worker] and worker.has_input()
+    lone_pool.release(worker)
+    assert worker not in lone_pool._all and worker.proc.returncode is not None
+    result = lone_pool.call(BENIGN, (3,), timeout_s=TIMEOUT)
+    assert result.ok and result.value == [3, 6], result
+    assert [w.proc.pid for w in lone_pool._all] != [worker.proc.pid]
