@@ -6,6 +6,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import types
 import urllib.error
 import urllib.request
 
@@ -36,6 +37,16 @@ def _post(url, body, key=None):
     )
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as failure:
+        return failure.code, json.loads(failure.read())
+
+
+def _get_models(url, key=None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(f"{url}/models", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as failure:
         return failure.code, json.loads(failure.read())
@@ -91,3 +102,25 @@ def test_bad_arguments_are_one_line(tmp_path, capsys):
     assert args.name == [tmp_path.name] and args.host == "127.0.0.1"
     with pytest.raises(SystemExit):
         serve.parse_args([str(tmp_path), "--max_batch", "0"])
+
+
+def test_api_key_on_the_command_line_works_as_the_environment_variable(tmp_path, monkeypatch):
+    """--api_key: 401 without the key, 200 with it; it wins over $PAU_SERVER_API_KEY.
+
+    The policy is a stub (the key is checked before any request reaches the model).
+    """
+    (tmp_path / "config.json").write_text("{}")
+    config = types.SimpleNamespace(max_position_embeddings=512)
+    stub = types.SimpleNamespace(model=types.SimpleNamespace(config=config))
+    monkeypatch.setattr(serve.backends, "build_policy", lambda backend: stub)
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    argv = [str(tmp_path), "--port", "0", "--name", "tiny", "--api_key", "s3cret"]
+    with serve.build_server(serve.parse_args(argv)) as server:
+        url = server.base_url
+        assert url.startswith("http://127.0.0.1:")
+        body = {"model": "tiny", "messages": CONVERSATION, "max_tokens": 6}
+        assert _post(url, body)[0] == 401  # no key
+        assert _get_models(url)[0] == 401
+        assert _get_models(url, key="from-env")[0] == 401
+        status, models = _get_models(url, key="s3cret")
+        assert status == 200 and [m["id"] for m in models["data"]] == ["tiny"], models
