@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pau_jax.sampling import constraint, token_mask  # noqa: E402
+from pau_jax.sampling import constraint, token_bytes, token_mask  # noqa: E402
 from pau_jax.tokenizer import load_tokenizer  # noqa: E402
 
 QWEN_VOCAB = 151_936
@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
 
     tokenizer = load_tokenizer("qwen3-offline")
-    vocab = constraint.vocabulary(tokenizer)
+    vocab = token_bytes.vocabulary(tokenizer)
     headline = []
     for arity in args.arity:
         constraint.clear_cache()

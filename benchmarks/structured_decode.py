@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pau_jax import models  # noqa: E402
 from pau_jax.policy.local import LocalPolicy  # noqa: E402
-from pau_jax.sampling import constraint, generate  # noqa: E402
+from pau_jax.sampling import constraint, generate, token_bytes  # noqa: E402
 from pau_jax.tokenizer import load_tokenizer  # noqa: E402
 
 SMOLLM2 = pathlib.Path("~/.cache/pau_jax/smollm2-135m-instruct").expanduser()
@@ -70,7 +70,7 @@ def main() -> None:
     ]
     start = time.perf_counter()
     automaton = constraint.build_components(
-        constraint.vocabulary(tokenizer),
+        token_bytes.vocabulary(tokenizer),
         policy.stop_token_ids,
         [constraint.Component("input", arity=args.arity), constraint.DECISION],
         vocab_size=model.config.vocab_size,

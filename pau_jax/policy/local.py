@@ -9,7 +9,7 @@ import numpy as np
 from pau_jax.env import turns
 from pau_jax.policy import check_per_row, turn_ids
 from pau_jax.policy.config import SamplingConfig
-from pau_jax.sampling import constraint, generate, output, token_mask
+from pau_jax.sampling import constraint, generate, output, token_bytes, token_mask
 from pau_jax.sampling.prefix_cache import PrefixCache
 from pau_jax.sandbox.args import MAX_CHARS
 
@@ -137,7 +137,7 @@ class LocalPolicy:
                 stop.add(int(vocab[token]))
         self.stop_token_ids = tuple(sorted(t for t in stop if t is not None))
         self._end_texts = tuple(tokenizer.convert_ids_to_tokens(list(self.stop_token_ids)))
-        self._vocab: constraint.Vocabulary | None = None  # token bytes, for structured decoding
+        self._vocab: token_bytes.Vocabulary | None = None  # token bytes, for structured decoding
 
     def _automaton(self, answers, stops, keep, s: SamplingConfig):
         """(automaton, per-row starts) for the kept rows, or (None, None) when no row needs one.
@@ -167,7 +167,7 @@ class LocalPolicy:
         if not components:
             return None, None
         if self._vocab is None:
-            self._vocab = constraint.vocabulary(self.tokenizer)
+            self._vocab = token_bytes.vocabulary(self.tokenizer)
         distinct = sorted(set(components.values()), key=repr)
         automaton = constraint.build_components(
             self._vocab, self.stop_token_ids, distinct, vocab_size=self.model.config.vocab_size

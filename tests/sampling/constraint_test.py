@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pau_jax.env import parse
-from pau_jax.sampling import byte_dfa, constraint, input_grammar, token_mask
+from pau_jax.sampling import byte_dfa, constraint, input_grammar, token_bytes, token_mask
 from pau_jax.sandbox.args import parse_call_args
 
 # A tiny byte vocabulary: every printable byte, tab and newline, pieces of the wrappers,
@@ -265,7 +265,7 @@ def test_random_walks_over_the_qwen_vocabulary_parse(arity):
 
     tok = load_tokenizer("qwen3-offline")
     stop = tok.eos_token_id
-    a = constraint.build(constraint.vocabulary(tok), [stop], arity=arity, vocab_size=151_936)
+    a = constraint.build(token_bytes.vocabulary(tok), [stop], arity=arity, vocab_size=151_936)
     a = jax.device_put(a)
     finish = jnp.asarray(_finish_tokens(a))
     budgets = jnp.asarray(np.random.default_rng(arity).integers(0, 60, 32), jnp.int32)
