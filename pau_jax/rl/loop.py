@@ -50,6 +50,13 @@ def _critic(critic, r: run_lib.Run, critic_config: CriticConfig, specs):
 
     ``'self'`` and a served critic (``HTTPBackendConfig``, from ``_served_critic``)
     sample with the step's seed; another backend is built once and keeps its own.
+
+    ``'self'`` gets a new prefix cache each step, on purpose: the critic's prompts of two
+    steps share only their first 47 tokens (Qwen2.5's template, the system text and
+    ``Function header:`` and ``def``; measured with the real tokenizer) unless a task comes back, and
+    one call already prefills what its prompts share once (``share_within_call``), so a
+    cache kept across steps would save well under a second of prefill a step while
+    holding its blocks through the learner's update, the step's memory peak.
     """
     if critic == SELF:
         sampling, gib = critic_config.sampling, critic_config.prefix_cache_gib
