@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from pau_jax.sft import trainer
-from pau_jax.sft.trainer import SFTConfig, SFTExample
+from pau_jax.sft.pairs import SFTExample, end_of_turn_id, make_example, pad_id
+from pau_jax.sft.trainer import SFTConfig
 from pau_jax.training import artefacts
 from pau_jax.training import run as run_lib
 from pau_jax.training import step as step_lib
@@ -93,9 +94,9 @@ def examples(
     pairs: Sequence[dict], tokenizer, *, enable_thinking: bool = False
 ) -> list[SFTExample]:
     """Token pairs: the chat template of `messages` with the generation prompt -> `completion` + end of turn."""
-    end = trainer.end_of_turn_id(tokenizer)
+    end = end_of_turn_id(tokenizer)
     return [
-        trainer.make_example(
+        make_example(
             tokenizer,
             pair["messages"],
             pair["completion"],
@@ -217,7 +218,7 @@ class _Data:
 def _train(run: run_lib.Run, data: _Data, config: FineTuneConfig, fingerprint: str) -> list[dict]:
     """Resumes the run's latest epoch and trains the rest (`trainer.run_epochs`); the history."""
     sft, model = config.sft, run.model
-    pad = trainer.pad_id(run.tokenizer)
+    pad = pad_id(run.tokenizer)
     step_fn = trainer.make_sft_step(model, sft)
     start, done = step_lib.init_state(model, sft.optimizer()), []
     latest = run.checkpointer.latest_step()

@@ -9,7 +9,8 @@ from pau_jax.env.answer_shape import AnswerShape
 from pau_jax.env.episode import EpisodeConfig
 from pau_jax.policy.scripted import RandomProber
 from pau_jax.sandbox import Executor
-from pau_jax.sft import teacher, trainer
+from pau_jax.sft import teacher
+from pau_jax.sft.pairs import samples_from_records
 from pau_jax.sft.teacher import PrivilegedTeacher
 from pau_jax.tasks import TaskReference
 from pau_jax.tasks import demo as demo_tasks
@@ -113,7 +114,7 @@ def test_sft_pairs_from_teacher_records_hold_the_unprivileged_prompt(specs):
     records = runner.run_episodes(
         specs[:2], policy, executor, EpisodeConfig(call_budget=1), progress=False
     )
-    pairs = trainer.samples_from_records(records, tokenizer)
+    pairs = samples_from_records(records, tokenizer)
     assert len(pairs) == sum(r["n_steps"] for r in records)
     for pair in pairs:
         prompt = tokenizer.decode(pair.prompt_ids)

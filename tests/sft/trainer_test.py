@@ -11,7 +11,8 @@ from flax import nnx
 from pau_jax.metrics_writer import MetricsWriter
 from pau_jax.models import lora, qwen3
 from pau_jax.sft import trainer
-from pau_jax.sft.trainer import SFTConfig, SFTExample, make_sft_step
+from pau_jax.sft.pairs import SFTExample, samples_from_records
+from pau_jax.sft.trainer import SFTConfig, make_sft_step
 from pau_jax.training import logprobs as logprobs_lib
 from pau_jax.training import step as step_lib
 
@@ -188,7 +189,7 @@ RECORDS = [
 
 
 def test_records_become_chat_template_pairs(tokenizer):
-    pairs = trainer.samples_from_records(RECORDS, tokenizer)
+    pairs = samples_from_records(RECORDS, tokenizer)
     assert len(pairs) == 3
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     steps = [s for r in RECORDS for s in r["steps"]]
@@ -208,16 +209,16 @@ def test_records_become_chat_template_pairs(tokenizer):
         assert tokenizer.decode(pair.prompt_ids).endswith(
             "<|im_start|>assistant\n<think>\n\n</think>\n\n"
         )
-    assert len(trainer.samples_from_records(RECORDS, tokenizer, skip_unparsed=True)) == 2
+    assert len(samples_from_records(RECORDS, tokenizer, skip_unparsed=True)) == 2
     with pytest.raises(ValueError, match="no 'steps'"):
-        trainer.samples_from_records([{"task_id": "x"}], tokenizer)
+        samples_from_records([{"task_id": "x"}], tokenizer)
     with pytest.raises(ValueError, match="record 0 step 0 lacks"):
-        trainer.samples_from_records([{"steps": [{"messages": []}]}], tokenizer)
+        samples_from_records([{"steps": [{"messages": []}]}], tokenizer)
 
 
 def test_train_sft_on_records_lowers_their_nll_and_logs(tokenizer, tmp_path):
     model = _model(QWEN_VOCAB, embed_std=0.5)
-    pairs = trainer.samples_from_records(RECORDS, tokenizer)
+    pairs = samples_from_records(RECORDS, tokenizer)
     batch = trainer.make_sft_batch(pairs, pad_to_multiple=16, rows_multiple=4)
     config = SFTConfig(
         learning_rate=3e-2, epochs=8, batch_size=2, max_length=512, pad_to_multiple=16,
@@ -263,7 +264,7 @@ def test_train_sft_skips_steps_that_failed_to_parse(tokenizer):
     # 2 parsed pairs of 3 steps: one batch of 2 per epoch; the malformed input is not imitated.
     assert len(history) == 2 and all(m["sft/skipped_unparsed"] == 1.0 for m in history)
     assert all(m["sft/tokens"] == history[0]["sft/tokens"] for m in history)
-    parsed = trainer.samples_from_records(RECORDS, tokenizer, skip_unparsed=True)
+    parsed = samples_from_records(RECORDS, tokenizer, skip_unparsed=True)
     assert history[0]["sft/tokens"] == sum(len(p.completion_ids) for p in parsed)
 
 
