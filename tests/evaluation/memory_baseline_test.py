@@ -10,7 +10,7 @@ import pytest
 from pau_jax import run_claim
 from pau_jax.env import runner
 from pau_jax.evaluation import memory_baseline as memory
-from pau_jax.evaluation import pipeline
+from pau_jax.evaluation import memory_prompts, pipeline
 from pau_jax.evaluation.score import ScoringConfig
 from pau_jax.policy import backends, embeddings, scripted
 from pau_jax.tasks import DatasetConfig
@@ -184,8 +184,11 @@ def test_top_k_and_critique_parsing_by_hand():
     assert order.tolist() == [[0, 3, 2], [1, 2, 0]]  # ties: the lower index first
     np.testing.assert_allclose(scores, [[1.0, 1.0, 0.6], [1.0, 0.8, 0.0]])
     assert memory.top_k(np.eye(2), keys[:1], 5)[0].shape == (2, 1)
-    assert memory.parse_critique("<think>hm</think>\nNotes.\n**Critique:** try -1 **") == "try -1"
-    assert memory.parse_critique("just advice") == "just advice"
+    assert (
+        memory_prompts.parse_critique("<think>hm</think>\nNotes.\n**Critique:** try -1 **")
+        == "try -1"
+    )
+    assert memory_prompts.parse_critique("just advice") == "just advice"
 
 
 def test_memory_requirements_are_checked_first(setup, tmp_path):
