@@ -29,7 +29,7 @@ import dataclasses
 import enum
 from typing import Any
 
-from pau_jax.env import display, input_example, parse, prompts
+from pau_jax.env import display, input_example, parse, prompts, text_blocks
 
 
 class Phase(enum.Enum):
@@ -316,7 +316,7 @@ def _limit_steps(state: EpisodeState, config: EpisodeConfig) -> EpisodeState:
 
 def on_conceptualize(state: EpisodeState, text: str, config: EpisodeConfig) -> EpisodeState:
     _expect(state, Phase.CONCEPTUALIZE)
-    reasoning = parse.strip_think(text)
+    reasoning = text_blocks.strip_think(text)
     step = Step(
         phase=Phase.CONCEPTUALIZE,
         messages=tuple(messages(state, config)),

@@ -1,24 +1,22 @@
 """Parsers for the agent's outputs in each phase of a PAU episode.
 
 Every parser first strips `<think>…</think>` blocks (and an unterminated
-trailing `<think>` block), so reasoning models can be used as they are. Parsers
-never raise on model text: they return a result with `ok=False` and a reason.
+trailing `<think>` block), so reasoning models can be used as they are, and reads
+a fenced block as code (both `text_blocks`'s). Parsers never raise on model text:
+they return a result with `ok=False` and a reason.
 
-A fenced block is read as code: its end is the first ``` outside a string
-literal, and the think tags inside it are text, so a literal argument holding
-backticks or `<think>` reads as written. An argument text that is a literal as a
-whole is read as one, even where a string in it looks like a call `f(...)`.
+An argument text that is a literal as a whole is read as one, even where a string
+in it looks like a call `f(...)`.
 """
 
 import ast
 import dataclasses
 import re
 
+from pau_jax.env import text_blocks
+from pau_jax.env.text_blocks import strip_think  # also read as `parse.strip_think`
 from pau_jax.sandbox import parse_call_args
 
-_THINK_OR_FENCE = re.compile(r"<think>|</think>|```")
-_FENCE_OPEN = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n?")
-_TRIPLE_QUOTES = ("'''", '"""')
 _INPUT_LINE = re.compile(r"^[ \t>*_#-]*(?:input|arguments|args|call)\s*[:=]\s*(.+)$", re.I | re.M)
 _LABEL = re.compile(r"\b(?:decision|label|action)\s*[:=]\s*\**\s*(continue|stop)\b", re.I)
 _BARE_LABEL = re.compile(r"\b(CONTINUE|STOP)\b")
@@ -26,89 +24,6 @@ _HYPOTHESIS = re.compile(
     r"(?:^|\n)[ \t>*_#-]*(?:revised\s+|final\s+|updated\s+)?(?:hypothesis|description)\s*[:=]\s*",
     re.I,
 )
-
-
-def _string_end(text: str, at: int) -> int | None:
-    """The index after the string literal whose opening quote is `text[at]`; None if unterminated.
-
-    A backslash takes the next character (also in raw strings, where it keeps a quote
-    in); a one-quote string ends at its line.
-    """
-    quote = text[at : at + 3] if text[at : at + 3] in _TRIPLE_QUOTES else text[at]
-    i = at + len(quote)
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-        elif text.startswith(quote, i):
-            return i + len(quote)
-        elif text[i] == "\n" and len(quote) == 1:
-            return None
-        else:
-            i += 1
-    return None
-
-
-def _fence_close(text: str, start: int) -> int:
-    """Index of the ``` that closes a fenced block whose content starts at `start`; -1 if none.
-
-    The first ``` outside a string literal, if every literal before it is terminated
-    (the block then reads as code); otherwise, as for prose, the first ``` at all.
-    """
-    plain, i = text.find("```", start), start
-    while 0 <= plain and i < len(text):
-        if text.startswith("```", i):
-            return i
-        if text[i] in "'\"":
-            end = _string_end(text, i)
-            if end is None:
-                return plain
-            i = end
-        else:
-            i += 1
-    return plain
-
-
-def _fences(text: str) -> list[tuple[int, int, str]]:
-    """(start, end, content) of each fenced block ```lang ... ``` of `text`, in order."""
-    found, pos = [], 0
-    while (opening := _FENCE_OPEN.search(text, pos)) is not None:
-        close = _fence_close(text, opening.end())
-        if close < 0:
-            break
-        found.append((opening.start(), close + 3, text[opening.end() : close]))
-        pos = close + 3
-    return found
-
-
-def _without_fences(text: str) -> str:
-    """`text` with its fenced blocks cut out."""
-    kept, pos = [], 0
-    for start, end, _ in _fences(text):
-        kept.append(text[pos:start])
-        pos = end
-    return "".join(kept) + text[pos:]
-
-
-def strip_think(text: str) -> str:
-    """Removes `<think>…</think>` blocks and an unterminated trailing `<think>`.
-
-    A stray `</think>` goes too; a fenced block outside a think block is kept whole
-    (think tags in it are code, e.g. in a string literal).
-    """
-    kept, pos = [], 0
-    while (tag := _THINK_OR_FENCE.search(text, pos)) is not None:
-        kept.append(text[pos : tag.start()])
-        pos = tag.end()
-        if tag.group() == "<think>":
-            close = text.find("</think>", pos)
-            pos = len(text) if close < 0 else close + len("</think>")
-        elif tag.group() == "```":
-            close = _fence_close(text, _FENCE_OPEN.match(text, tag.start()).end())
-            end = tag.end() if close < 0 else close + 3
-            kept.append(text[tag.start() : end])
-            pos = end
-    kept.append(text[pos:])
-    return "".join(kept).strip()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -154,7 +69,7 @@ def _closing_paren(text: str, open_at: int) -> int | None:
                 i += len(quote) - 1
                 quote = ""
         elif c in "'\"":
-            quote = text[i : i + 3] if text[i : i + 3] in _TRIPLE_QUOTES else c
+            quote = text[i : i + 3] if text[i : i + 3] in text_blocks.TRIPLE_QUOTES else c
             i += len(quote) - 1
         elif c in "([{":
             depth += 1
@@ -192,7 +107,7 @@ def _string_spans(text: str, start: int, stop: int) -> list[tuple[int, int]]:
     spans, i = [], start
     while i < stop:
         if text[i] in "'\"":
-            end = _string_end(text, i) or stop
+            end = text_blocks.string_end(text, i) or stop
             spans.append((i, end))
             i = end
         else:
@@ -276,7 +191,7 @@ def input_candidates(text: str) -> list[str]:
     function's arguments.
     """
     body = strip_think(text)
-    regions = [content for _, _, content in reversed(_fences(body))]
+    regions = [content for _, _, content in reversed(text_blocks.fences(body))]
     regions += [line.strip(" \t*_`") for line in reversed(_INPUT_LINE.findall(body))]
     single = body.strip(" \t\n*_`")
     if "\n" not in single:
@@ -284,7 +199,7 @@ def input_candidates(text: str) -> list[str]:
     out: list[str] = []
     for region in regions:
         out += [c for c in _region_candidates(region) if c not in out]
-    prose = _without_fences(body)
+    prose = text_blocks.without_fences(body)
     out += [args for args in reversed(_calls(prose)) if args not in out]
     spans = [
         span.strip()
@@ -324,7 +239,7 @@ def extract_input(text: str) -> InputParse:
     body = strip_think(text)
     if not body:
         return InputParse(ok=False, reason="empty output")
-    fences = _fences(body)
+    fences = text_blocks.fences(body)
     if fences:
         candidate = fences[-1][2].strip()
         if candidate:

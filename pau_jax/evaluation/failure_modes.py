@@ -11,7 +11,7 @@ an answer without a recognisable category is counted as unparsed, never guessed.
 import re
 from collections.abc import Sequence
 
-from pau_jax.env.parse import strip_think
+from pau_jax.env.text_blocks import strip_think
 
 FAILURE_PROMPT_VERSION = "failure-v1"
 

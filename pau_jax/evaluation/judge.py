@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 
 from pau_jax.env.answer_shape import AnswerShape
-from pau_jax.env.parse import strip_think
+from pau_jax.env.text_blocks import strip_think
 
 JUDGE_PROMPT_VERSION = "judge-v1"
 

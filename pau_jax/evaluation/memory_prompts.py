@@ -11,8 +11,8 @@ import re
 from collections.abc import Sequence
 
 from pau_jax.env import display
-from pau_jax.env.parse import strip_think
 from pau_jax.env.prompts import Observation
+from pau_jax.env.text_blocks import strip_think
 
 _CRITIQUE = re.compile(r"critique\s*:", re.I)
 

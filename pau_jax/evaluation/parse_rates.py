@@ -22,7 +22,7 @@ import re
 import sys
 from collections.abc import Iterable, Sequence
 
-from pau_jax.env import input_example, parse
+from pau_jax.env import input_example, parse, text_blocks
 from pau_jax.sandbox import parse_call_args
 
 PHASES = ("conceptualize", "generate", "revise")
@@ -56,7 +56,7 @@ def classify_input(step: dict) -> str:
     """The class of one recorded generation step (``INPUT_CLASSES``)."""
     if step.get("parse_ok"):
         return "accepted"
-    text = parse.strip_think(step.get("output", ""))
+    text = text_blocks.strip_think(step.get("output", ""))
     if not text:
         return "empty"
     error = step.get("parse_error", "")

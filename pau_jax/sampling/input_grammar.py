@@ -21,7 +21,7 @@ underscores, implicit string concatenation, line breaks.
 Sound: every accepted reply is read by `env/parse.py` (strict and lenient) and
 `sandbox.args.parse_call_args` as the literal it spells. Strings hold any character
 (a raw one, or an escape): the parsers read a fenced block as Python, skipping its
-string literals (`parse.strip_think`, `parse.input_candidates`). Only the unfenced
+string literals (`text_blocks.strip_think`, `parse.input_candidates`). Only the unfenced
 'input_line' wrapper keeps backticks and `<` out of its raw string characters
 (escapes such as `\\x60` still write them). An accepted escape is one Python takes
 without a warning: an octal escape never reads a third digit past `\\377`.

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pau_jax.env import parse
+from pau_jax.env import parse, text_blocks
 
 INPUT_CASES = [
     # (model output, ok, extracted argument text)
@@ -71,22 +71,26 @@ def test_parse_revision(text, ok, hypothesis, stop):
 
 
 def test_strip_think_removes_blocks_and_open_tail():
-    assert parse.strip_think("<think>a</think>b<think>c</think>d") == "bd"
-    assert parse.strip_think("x <think> unfinished") == "x"
-    assert parse.strip_think("</think>answer") == "answer"
+    assert parse.strip_think is text_blocks.strip_think  # still read from `parse`
+    assert text_blocks.strip_think("<think>a</think>b<think>c</think>d") == "bd"
+    assert text_blocks.strip_think("x <think> unfinished") == "x"
+    assert text_blocks.strip_think("</think>answer") == "answer"
 
 
 def test_a_fence_is_code_whose_string_literals_may_hold_fences_and_think_tags():
     reply = "<think>plan</think>```\n('```', '<think>', '</think>')\n```"
-    assert parse.strip_think(reply) == "```\n('```', '<think>', '</think>')\n```"
+    assert text_blocks.strip_think(reply) == "```\n('```', '<think>', '</think>')\n```"
     args = "('```', '<think>', '</think>')"
     assert parse.extract_input(reply).args_text == args
     assert parse.input_candidates(reply)[0] == args
     # A quote that never closes (prose in a fence) leaves the first ``` as the end, as before.
     prose = "```\n(1, 'a)```\nmore text\n```\n(2, 3)\n```"
     assert parse.extract_input(prose).args_text == "(2, 3)"
-    assert parse.strip_think("```\nit's <think>x</think>\n```") == "```\nit's <think>x</think>\n```"
-    assert parse.strip_think("```\nno end <think>x") == "```\nno end"
+    assert (
+        text_blocks.strip_think("```\nit's <think>x</think>\n```")
+        == "```\nit's <think>x</think>\n```"
+    )
+    assert text_blocks.strip_think("```\nno end <think>x") == "```\nno end"
 
 
 def test_a_call_inside_a_string_literal_is_no_call():
