@@ -241,7 +241,7 @@ def _actor(actor, checkpoint: pathlib.Path, dtype: str):
 
 def _report(out, model, results, modes, scoring, eval_data):
     """Writes `out/report.md`; returns (paired comparisons, training history, report path)."""
-    from pau_jax.evaluation import pipeline, report, stats
+    from pau_jax.evaluation import report, run_outputs, stats
 
     before, after, trained = results
     data_text = f"pau/{eval_data.config} {eval_data.split}"
@@ -283,7 +283,7 @@ def _report(out, model, results, modes, scoring, eval_data):
         intervals=intervals,
         comparisons=comparisons,
         training=history,
-        banner=pipeline.SELF_GRADED_BANNER if grading["self_graded"] else "",
+        banner=run_outputs.SELF_GRADED_BANNER if grading["self_graded"] else "",
     )
     return comparisons, history, path
 
