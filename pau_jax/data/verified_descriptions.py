@@ -125,7 +125,7 @@ def fill(
     out, stale = [], []
     for record in records:
         entry = entries.get(record.task_id)
-        if entry is not None and entry.matched < min_fraction * entry.held_out:
+        if entry is not None and entry.matched / entry.held_out < min_fraction:
             entry = None
         if entry is not None and not record.description:
             if entry.code_sha256 == code_sha256(record.original_code):

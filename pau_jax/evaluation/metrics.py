@@ -75,7 +75,8 @@ def summarize(records: Sequence[dict]) -> dict:
 
     The judge compares with the gold description, so its scores mean what that description
     is worth: `per_description_origin` reads them by where it came from (the benchmark's own
-    text, a model's verified by execution, a model's unverified).
+    text, a model's verified by execution on all held-out examples or on a majority, a
+    model's unverified: `origin_group`).
     """
 
     def block(rs):

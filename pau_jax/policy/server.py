@@ -24,8 +24,8 @@ answered 408 (mid-body) or disconnected; a `model` the server does not serve get
 (`model_not_found`; on `/v1/embeddings`, a name other than the embedder's), an absent one
 is the first served name. With an API key
 (`api_key`, or the environment variable `PAU_SERVER_API_KEY`), every request without
-`Authorization: Bearer <key>` gets 401 (the key, the body limits and the routing are
-`server_http`'s). The server binds 127.0.0.1 by default; another address without a key is
+`Authorization: Bearer <key>` gets 401 (the key check, the body limits and the dispatch
+are `server_http`'s). The server binds 127.0.0.1 by default; another address without a key is
 logged as a warning.
 
     server = PolicyServer(local_policy, model_name="qwen3-local",

@@ -23,6 +23,7 @@ from pau_jax.sandbox import Executor, SandboxConfig
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SLACK_S = 8.0  # Start-up of a replacement worker and a busy machine.
 BENIGN = "def test_func(x):\n    return [x, x * 2]\n"
+PID = "import os\ndef test_func():\n    return os.getpid()\n"
 SECRET_NAME = "PAU_SANDBOX_TEST_SECRET"
 SECRET = "parent-secret-7f3a"
 OTHER_UID = 4321  # A user that is neither root nor the sandbox user.
@@ -39,10 +40,19 @@ READ_BELOW_HOOK = (
 
 
 def _assert_pool_still_works(pool):
-    """Every worker of the pool answers its own calls (two calls per worker)."""
+    """Calls get their own results, and every worker answers (a replacement included)."""
     args = [(21 + i,) for i in range(2 * pool.workers)]
     for (x,), result in zip(args, pool.call_many(BENIGN, args, timeout_s=20.0)):
         assert result.ok and result.value == [x, 2 * x], result
+    # Calls go to ready workers, so one started in place of a killed worker is seen only
+    # once it is ready: ask until as many distinct workers have answered as the pool holds.
+    pids, deadline = set(), time.monotonic() + 30.0
+    while len(pids) < pool.workers and time.monotonic() < deadline:
+        for result in pool.call_many(PID, [()] * pool.workers, timeout_s=20.0):
+            assert result.ok, result
+            pids.add(result.value)
+        time.sleep(0.05)
+    assert len(pids) >= pool.workers, pids
 
 
 def _run(pool, source, timeout_s, args=()):
