@@ -108,6 +108,8 @@ CURVES = {
     "distinct calls per episode": "rollout/distinct_calls_per_episode",
     "copies of the prompt's example": "rollout/example_copy_rate",
 }
+# What exploring looks like, tested both ways (trained − control), Holm over the three.
+EXPLORATION = ("input parse rate", "distinct calls per episode", "copies of the prompt's example")
 TERM_CURVES = {f"term: {t}": f"rollout/term/{t}" for t in TERMS}
 DIAGNOSTICS = {
     "flat groups (tied returns)": "rollout/flat_group_rate",
@@ -236,11 +238,23 @@ def read_run(run_dir: pathlib.Path, steps: int) -> tuple[dict, dict]:
     return curves, probe
 
 
+def two_sided_test(trained, control) -> tuple[float, float]:
+    """(p, mean difference): paired sign-flip test that the means differ, either way.
+
+    Twice the smaller one-sided p (capped at 1): exact where `one_sided_test` is.
+    """
+    p_up, diff = one_sided_test(trained, control)
+    p_down, _ = one_sided_test(-np.asarray(trained), -np.asarray(control))
+    return min(1.0, 2 * min(p_up, p_down)), diff
+
+
 def analyse(curves: dict, probes: dict, *, trained, last_k: int, alpha: float) -> dict:
     """The tests of each trained run against the control over the last ``last_k`` steps.
 
     Two tests per trained run (the total reward, the reward without its length term);
-    ``p_holm`` corrects each family of tests over the trained runs (Holm).
+    ``p_holm`` corrects each family of tests over the trained runs (Holm). Apart from
+    them, ``exploration``: a two-sided test of each `EXPLORATION` curve, Holm over the three
+    of one run (what the actor does, whether or not the reward moved).
     """
     runs = (*trained, CONTROL)
     steps = len(curves[CONTROL][REWARD])
@@ -258,6 +272,15 @@ def analyse(curves: dict, probes: dict, *, trained, last_k: int, alpha: float) -
                 c[NON_LENGTH][-k:], curves[CONTROL][NON_LENGTH][-k:]
             )
             entry["learns"] = entry["p"] < alpha and entry["gain"] > 0
+            tests = [
+                two_sided_test(c[CURVES[label]][-k:], curves[CONTROL][CURVES[label]][-k:])
+                for label in EXPLORATION
+            ]
+            holm_p = holm([p for p, _ in tests])
+            entry["exploration"] = {
+                label: {"difference": d, "p": p, "p_holm": h}
+                for label, (p, d), h in zip(EXPLORATION, tests, holm_p)
+            }
             entry["diagnosis"] = [] if entry["learns"] else diagnose(c, probes[name])
         out["runs"][name] = entry
     for key in ("p", "p_non_length"):
@@ -378,6 +401,14 @@ def markdown(result: dict, curves: dict, settings_rows: list, wall_s: float, tra
         times = [f"{c[key].sum():.0f}" for key in TIMES]
         lines.append(f"| {name} | {r['reward_last_k']:.3f} | " + " | ".join(test + parts + times))
         lines[-1] += " |"
+    for name in trained:
+        tests = runs[name]["exploration"]
+        lines += ["", f"Exploration, `{name}` − control over the last {k} steps (two-sided "]
+        lines[-1] += "paired sign-flip test, Holm over the three): " + "; ".join(
+            f"{label} {t['difference']:+.3f} (p {t['p']:.3g}, Holm {t['p_holm']:.3g})"
+            for label, t in tests.items()
+        )
+        lines[-1] += "."
     lines += [
         "",
         "Reward per step, then each reward term per step (sums over an episode, means over ",

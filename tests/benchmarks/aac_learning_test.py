@@ -130,6 +130,7 @@ def test_report_of_finished_runs_tables_plots_and_headline(tmp_path, capsys):
     assert "| control | -1.900 |  |  |  |  |" in table
     assert "| 8 | -1.200 | -1.900 | -1.900 |" in table
     assert "Why `return_to_go` did not learn" in table and "process_grpo` did not" not in table
+    assert "Exploration, `process_grpo` − control over the last 5 steps" in table
     assert "groups with all-zero advantages 1.00 (per step [1.0, nan," in table
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["runs"]["process_grpo"]["learns"] and not result["runs"]["return_to_go"]["learns"]
@@ -191,3 +192,31 @@ def test_tiny_model_end_to_end_and_a_rerun_reuses_the_runs(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "[train] step" not in again.stdout
     assert again.stdout.strip().splitlines()[-1] == last
+
+
+def test_exploration_is_tested_both_ways_holm_over_its_three_curves():
+    # Exact two-sided p: twice the smaller one-sided p.
+    up = [0.1, 0.2, 0.3, 0.4, 0.5]
+    assert bench.two_sided_test(up, [0.0] * 5) == (pytest.approx(2 / 32), pytest.approx(0.3))
+    assert bench.two_sided_test([-x for x in up], [0.0] * 5)[0] == pytest.approx(2 / 32)
+    assert bench.two_sided_test([0.0] * 5, [0.0] * 5)[0] == 1.0
+    steps = 6
+    control = {key: np.zeros(steps) for key in bench.CURVES.values()}
+    control[bench.REWARD] = control[bench.NON_LENGTH] = np.zeros(steps)
+    trained = {key: value.copy() for key, value in control.items()}
+    trained[bench.REWARD] = trained[bench.NON_LENGTH] = np.ones(steps)
+    trained[bench.CURVES["copies of the prompt's example"]] = -np.linspace(0.1, 0.6, steps)
+    trained[bench.CURVES["distinct calls per episode"]] = np.array([1, -1, 1, -1, 1, -1.0])
+    result = bench.analyse(
+        {"final_plus_mean": trained, "control": control},
+        {},
+        trained=("final_plus_mean",),
+        last_k=5,
+        alpha=0.05,
+    )
+    tests = result["runs"]["final_plus_mean"]["exploration"]
+    copies = tests["copies of the prompt's example"]
+    assert copies["difference"] == pytest.approx(-0.4) and copies["p"] == pytest.approx(2 / 32)
+    assert copies["p_holm"] == pytest.approx(3 * 2 / 32)  # The smallest of three.
+    assert tests["distinct calls per episode"]["p"] == 1.0  # A mean of -0.2, signs both ways.
+    assert tests["input parse rate"] == {"difference": 0.0, "p": 1.0, "p_holm": 1.0}
