@@ -402,13 +402,15 @@ def markdown(result: dict, curves: dict, settings_rows: list, wall_s: float, tra
         lines.append(f"| {name} | {r['reward_last_k']:.3f} | " + " | ".join(test + parts + times))
         lines[-1] += " |"
     for name in trained:
-        tests = runs[name]["exploration"]
-        lines += ["", f"Exploration, `{name}` − control over the last {k} steps (two-sided "]
-        lines[-1] += "paired sign-flip test, Holm over the three): " + "; ".join(
+        found = "; ".join(
             f"{label} {t['difference']:+.3f} (p {t['p']:.3g}, Holm {t['p_holm']:.3g})"
-            for label, t in tests.items()
+            for label, t in runs[name]["exploration"].items()
         )
-        lines[-1] += "."
+        lines += [
+            "",
+            f"Exploration, `{name}` − control over the last {k} steps (two-sided paired "
+            f"sign-flip test, Holm over the three): {found}.",
+        ]
     lines += [
         "",
         "Reward per step, then each reward term per step (sums over an episode, means over ",

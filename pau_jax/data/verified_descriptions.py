@@ -122,11 +122,10 @@ def fill(
     """
     if not 0.5 <= min_fraction <= 1:
         raise ValueError(f"min_fraction must be in [0.5, 1], got {min_fraction}")
+    entries = {k: e for k, e in entries.items() if e.matched / e.held_out >= min_fraction}
     out, stale = [], []
     for record in records:
         entry = entries.get(record.task_id)
-        if entry is not None and entry.matched / entry.held_out < min_fraction:
-            entry = None
         if entry is not None and not record.description:
             if entry.code_sha256 == code_sha256(record.original_code):
                 record = dataclasses.replace(
